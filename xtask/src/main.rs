@@ -1,0 +1,51 @@
+//! Project tasks, run as `cargo xtask <command>`.
+//!
+//! One module per subcommand; shared path and process helpers live in `util`.
+
+mod demo;
+mod env;
+mod setup;
+mod test;
+mod util;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  setup [--cuda]        create target/mlx-ep: Python env with pinned ONNX Runtime and MLX
+                        wheels, mlx-c sources fetched through cargo (idempotent)
+  env                   print `export` lines for using the built plugin from your shell
+  demo                  build the plugin (release) and run an MLP on the CPU EP and the MLX EP
+  run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]...
+                        the same report for any model
+  test                  everything CI runs: setup, build, cargo test, the Python check
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((cmd, rest)) = args.split_first() else {
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let result = match cmd.as_str() {
+        "setup" => setup::run(rest),
+        "env" => env::run(rest),
+        "demo" => demo::demo(rest),
+        "run" => demo::run_model(rest),
+        "test" => test::run(rest),
+        "-h" | "--help" | "help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown command `{other}`\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
