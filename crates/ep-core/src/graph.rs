@@ -1,0 +1,198 @@
+//! An owned, safe description of the graph ORT hands the EP: nodes in ORT's order, each with
+//! its typed attributes and the value infos of its inputs and outputs. Built by `ort_abi` from
+//! ORT's graph API; everything after that (claim, partition, lowering) works on this.
+
+use crate::mlx::Dtype;
+use std::collections::BTreeMap;
+
+/// ONNX tensor element types (values of `TensorProto.DataType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ElemType {
+    F32,
+    U8,
+    I8,
+    U16,
+    I16,
+    I32,
+    I64,
+    String,
+    Bool,
+    F16,
+    F64,
+    U32,
+    U64,
+    BF16,
+    /// Any other ONNX type (complex, float8, int4, ...), by its ONNX number.
+    Other(i32),
+}
+
+impl ElemType {
+    pub fn from_onnx(v: i32) -> ElemType {
+        match v {
+            1 => ElemType::F32,
+            2 => ElemType::U8,
+            3 => ElemType::I8,
+            4 => ElemType::U16,
+            5 => ElemType::I16,
+            6 => ElemType::I32,
+            7 => ElemType::I64,
+            8 => ElemType::String,
+            9 => ElemType::Bool,
+            10 => ElemType::F16,
+            11 => ElemType::F64,
+            12 => ElemType::U32,
+            13 => ElemType::U64,
+            16 => ElemType::BF16,
+            other => ElemType::Other(other),
+        }
+    }
+
+    pub fn to_onnx(self) -> i32 {
+        match self {
+            ElemType::F32 => 1,
+            ElemType::U8 => 2,
+            ElemType::I8 => 3,
+            ElemType::U16 => 4,
+            ElemType::I16 => 5,
+            ElemType::I32 => 6,
+            ElemType::I64 => 7,
+            ElemType::String => 8,
+            ElemType::Bool => 9,
+            ElemType::F16 => 10,
+            ElemType::F64 => 11,
+            ElemType::U32 => 12,
+            ElemType::U64 => 13,
+            ElemType::BF16 => 16,
+            ElemType::Other(v) => v,
+        }
+    }
+
+    /// The MLX dtype that holds this type bit for bit, if any.
+    pub fn to_mlx(self) -> Option<Dtype> {
+        Some(match self {
+            ElemType::F32 => Dtype::F32,
+            ElemType::U8 => Dtype::U8,
+            ElemType::I8 => Dtype::I8,
+            ElemType::U16 => Dtype::U16,
+            ElemType::I16 => Dtype::I16,
+            ElemType::I32 => Dtype::I32,
+            ElemType::I64 => Dtype::I64,
+            ElemType::Bool => Dtype::Bool,
+            ElemType::F16 => Dtype::F16,
+            ElemType::F64 => Dtype::F64,
+            ElemType::U32 => Dtype::U32,
+            ElemType::U64 => Dtype::U64,
+            ElemType::BF16 => Dtype::BF16,
+            ElemType::String | ElemType::Other(_) => return None,
+        })
+    }
+}
+
+/// One value (tensor) of the graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValueInfo {
+    pub name: String,
+    /// `None` when the value is not a tensor (sequence, map, optional).
+    pub elem_type: Option<ElemType>,
+    /// Dimensions, `None` for a symbolic or unknown one; `None` as a whole for an unknown rank.
+    pub shape: Option<Vec<Option<i64>>>,
+    /// A constant initializer (its data is known when the graph is compiled).
+    pub is_constant: bool,
+}
+
+impl ValueInfo {
+    pub fn rank(&self) -> Option<usize> {
+        self.shape.as_ref().map(Vec::len)
+    }
+}
+
+/// A typed ONNX attribute value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttrValue {
+    Int(i64),
+    Float(f32),
+    String(String),
+    Ints(Vec<i64>),
+    Floats(Vec<f32>),
+    Strings(Vec<String>),
+    /// A tensor attribute (not read yet).
+    Tensor,
+    /// A subgraph attribute (not read yet).
+    Graph,
+    Undefined,
+}
+
+/// One node, as lowerings see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeInfo {
+    pub name: String,
+    pub op_type: String,
+    /// `""` for the default ONNX domain.
+    pub domain: String,
+    pub since_version: i32,
+    /// `None` for an omitted optional input.
+    pub inputs: Vec<Option<ValueInfo>>,
+    pub outputs: Vec<Option<ValueInfo>>,
+    pub attributes: BTreeMap<String, AttrValue>,
+}
+
+impl NodeInfo {
+    pub fn input(&self, i: usize) -> Option<&ValueInfo> {
+        self.inputs.get(i).and_then(Option::as_ref)
+    }
+
+    pub fn output(&self, i: usize) -> Option<&ValueInfo> {
+        self.outputs.get(i).and_then(Option::as_ref)
+    }
+
+    pub fn attr(&self, name: &str) -> Option<&AttrValue> {
+        self.attributes.get(name)
+    }
+
+    /// An int attribute, `default` when absent; an error when present with another type.
+    pub fn attr_int(&self, name: &str, default: i64) -> Result<i64, String> {
+        match self.attr(name) {
+            None => Ok(default),
+            Some(AttrValue::Int(v)) => Ok(*v),
+            Some(other) => Err(format!(
+                "attribute '{name}' should be an int, found {other:?}"
+            )),
+        }
+    }
+
+    /// A float attribute, `default` when absent.
+    pub fn attr_float(&self, name: &str, default: f32) -> Result<f32, String> {
+        match self.attr(name) {
+            None => Ok(default),
+            Some(AttrValue::Float(v)) => Ok(*v),
+            Some(other) => Err(format!(
+                "attribute '{name}' should be a float, found {other:?}"
+            )),
+        }
+    }
+
+    /// An ints attribute, `None` when absent.
+    pub fn attr_ints(&self, name: &str) -> Result<Option<&[i64]>, String> {
+        match self.attr(name) {
+            None => Ok(None),
+            Some(AttrValue::Ints(v)) => Ok(Some(v)),
+            Some(other) => Err(format!(
+                "attribute '{name}' should be ints, found {other:?}"
+            )),
+        }
+    }
+
+    /// `op_type`, with the domain in front when it is not the ONNX one.
+    pub fn qualified_op(&self) -> String {
+        if is_onnx_domain(&self.domain) {
+            self.op_type.clone()
+        } else {
+            format!("{}:{}", self.domain, self.op_type)
+        }
+    }
+}
+
+/// `""` and `"ai.onnx"` both name the default ONNX domain.
+pub fn is_onnx_domain(domain: &str) -> bool {
+    domain.is_empty() || domain == "ai.onnx"
+}

@@ -1,0 +1,171 @@
+//! The extension contract: how an op crate teaches the EP a new op.
+//!
+//! An op is one type implementing [`Lowering`] plus one [`register_lowering!`] line:
+//!
+//! ```ignore
+//! use ep_core::{Decline, LowerCtx, Lowering, NodeInfo, Result, mlx};
+//!
+//! struct Exp;
+//! impl Lowering for Exp {
+//!     fn op_type(&self) -> &'static str { "Exp" }
+//!     fn opsets(&self) -> std::ops::RangeInclusive<i32> { 6..=i32::MAX }
+//!     fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline> {
+//!         ep_core::lowering::require_types(node, ep_core::lowering::FLOATS)
+//!     }
+//!     fn lower(&self, ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<mlx::Array>> {
+//!         Ok(vec![mlx::ops::exp(ctx.input(0)?, ctx.stream())?])
+//!     }
+//! }
+//! ep_core::register_lowering!(EXP = Exp);
+//! ```
+//!
+//! Rules a lowering follows: `claim` accepts exactly what `lower` can run (dtypes, ranks,
+//! attributes) and says why it declines anything else; `lower` only builds MLX graph nodes
+//! (no evaluation, no IO) and returns one array per node output, in order.
+
+use crate::graph::{ElemType, NodeInfo};
+use crate::mlx::{Array, Stream};
+use crate::{Error, Result};
+use std::ops::RangeInclusive;
+
+/// Why a lowering leaves a node to another EP. Shown by `ONNXRUNTIME_EP_MLX_CLAIM_DEBUG=1`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decline(pub String);
+
+impl Decline {
+    pub fn new(reason: impl Into<String>) -> Decline {
+        Decline(reason.into())
+    }
+}
+
+impl From<String> for Decline {
+    fn from(s: String) -> Decline {
+        Decline(s)
+    }
+}
+
+impl std::fmt::Display for Decline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One op (domain, type, opset range) the EP can run on MLX.
+pub trait Lowering: Sync + 'static {
+    /// The op's domain; `""` is the default ONNX domain.
+    fn domain(&self) -> &'static str {
+        ""
+    }
+
+    fn op_type(&self) -> &'static str;
+
+    /// The opset versions (the node's `since_version`) this lowering implements.
+    fn opsets(&self) -> RangeInclusive<i32>;
+
+    /// Whether this node can run: dtypes, ranks, attributes. `Err` gives the reason.
+    fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline>;
+
+    /// Builds the MLX graph for the node from its inputs; one array per output.
+    fn lower(&self, ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>;
+
+    /// A name for diagnostics (the implementing type by default).
+    fn name(&self) -> &'static str {
+        std::any::type_name::<Self>()
+    }
+}
+
+/// What a lowering gets to build with: the node's input arrays and the stream to build on.
+pub struct LowerCtx<'a> {
+    inputs: Vec<Option<Array>>,
+    stream: &'a Stream,
+}
+
+impl<'a> LowerCtx<'a> {
+    pub fn new(inputs: Vec<Option<Array>>, stream: &'a Stream) -> LowerCtx<'a> {
+        LowerCtx { inputs, stream }
+    }
+
+    /// Input `i`; an error when it is absent.
+    pub fn input(&self, i: usize) -> Result<&Array> {
+        self.optional_input(i)
+            .ok_or_else(|| Error::new(format!("required input {i} is missing")))
+    }
+
+    /// Input `i`, `None` when the optional input is omitted.
+    pub fn optional_input(&self, i: usize) -> Option<&Array> {
+        self.inputs.get(i).and_then(Option::as_ref)
+    }
+
+    pub fn num_inputs(&self) -> usize {
+        self.inputs.len()
+    }
+
+    pub fn stream(&self) -> &'a Stream {
+        self.stream
+    }
+}
+
+/// The float types MLX computes natively on every backend.
+pub const FLOATS: &[ElemType] = &[ElemType::F32, ElemType::F16, ElemType::BF16];
+
+/// Declines unless every present input and output is a tensor of one of `allowed`.
+pub fn require_types(node: &NodeInfo, allowed: &[ElemType]) -> std::result::Result<(), Decline> {
+    let values = node.inputs.iter().chain(node.outputs.iter()).flatten();
+    for v in values {
+        match v.elem_type {
+            Some(t) if allowed.contains(&t) => {}
+            Some(t) => {
+                return Err(Decline(format!(
+                    "'{}' has element type {t:?}; supported: {allowed:?}",
+                    v.name
+                )));
+            }
+            None => return Err(Decline(format!("'{}' is not a tensor", v.name))),
+        }
+    }
+    Ok(())
+}
+
+/// Declines unless input `i` is present with a known rank within `ranks`.
+pub fn require_input_rank(
+    node: &NodeInfo,
+    i: usize,
+    ranks: RangeInclusive<usize>,
+) -> std::result::Result<usize, Decline> {
+    let v = node
+        .input(i)
+        .ok_or_else(|| Decline(format!("input {i} is missing")))?;
+    match v.rank() {
+        Some(r) if ranks.contains(&r) => Ok(r),
+        Some(r) => Err(Decline(format!(
+            "input '{}' has rank {r}; supported: {ranks:?}",
+            v.name
+        ))),
+        None => Err(Decline(format!("input '{}' has an unknown rank", v.name))),
+    }
+}
+
+/// Declines unless the node has between `min` and `max` inputs present.
+pub fn require_inputs(node: &NodeInfo, min: usize, max: usize) -> std::result::Result<(), Decline> {
+    let n = node.inputs.len();
+    if n < min || n > max {
+        return Err(Decline(format!("{n} inputs; expected {min}..={max}")));
+    }
+    for i in 0..min {
+        if node.input(i).is_none() {
+            return Err(Decline(format!("required input {i} is missing")));
+        }
+    }
+    Ok(())
+}
+
+/// Registers a [`Lowering`] value in the EP's registry:
+/// `ep_core::register_lowering!(ADD = Binary::new("Add", ...));`
+#[macro_export]
+macro_rules! register_lowering {
+    ($name:ident = $value:expr) => {
+        #[$crate::linkme::distributed_slice($crate::registry::LOWERINGS)]
+        #[linkme(crate = $crate::linkme)]
+        static $name: &'static dyn $crate::Lowering = &$value;
+    };
+}

@@ -1,0 +1,110 @@
+//! Safe wrappers over the mlx-c operations the lowerings use. Each returns a new lazy array;
+//! nothing is computed until an evaluation.
+
+use super::{Array, Dtype, Result, Stream, check};
+use std::ffi::c_int;
+
+macro_rules! unary {
+    ($($(#[$doc:meta])* $name:ident => $raw:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(a: &Array, s: &Stream) -> Result<Array> {
+            let mut out = Array::empty();
+            // SAFETY: `out` is a fresh handle that mlx-c fills; inputs are valid handles.
+            check(unsafe { mlx_sys::$raw(&mut out.0, a.0, s.0) })?;
+            Ok(out)
+        }
+    )*};
+}
+
+macro_rules! binary {
+    ($($(#[$doc:meta])* $name:ident => $raw:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(a: &Array, b: &Array, s: &Stream) -> Result<Array> {
+            let mut out = Array::empty();
+            // SAFETY: `out` is a fresh handle that mlx-c fills; inputs are valid handles.
+            check(unsafe { mlx_sys::$raw(&mut out.0, a.0, b.0, s.0) })?;
+            Ok(out)
+        }
+    )*};
+}
+
+unary! {
+    exp => mlx_exp;
+    tanh => mlx_tanh;
+    sigmoid => mlx_sigmoid;
+    negative => mlx_negative;
+    abs => mlx_abs;
+    sqrt => mlx_sqrt;
+    log => mlx_log;
+    /// Reverses all axes.
+    transpose => mlx_transpose;
+}
+
+binary! {
+    /// Broadcasting addition.
+    add => mlx_add;
+    subtract => mlx_subtract;
+    multiply => mlx_multiply;
+    divide => mlx_divide;
+    maximum => mlx_maximum;
+    minimum => mlx_minimum;
+    /// Batched matrix product with NumPy semantics.
+    matmul => mlx_matmul;
+}
+
+/// `alpha * (a @ b) + beta * c`.
+pub fn addmm(c: &Array, a: &Array, b: &Array, alpha: f32, beta: f32, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_addmm(&mut out.0, c.0, a.0, b.0, alpha, beta, s.0) })?;
+    Ok(out)
+}
+
+/// Softmax along one axis (negative axes count from the end).
+pub fn softmax(a: &Array, axis: i32, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_softmax_axis(&mut out.0, a.0, axis as c_int, true, s.0) })?;
+    Ok(out)
+}
+
+pub fn astype(a: &Array, dtype: Dtype, s: &Stream) -> Result<Array> {
+    if a.dtype() == dtype {
+        return Ok(a.clone());
+    }
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_astype(&mut out.0, a.0, dtype.to_raw(), s.0) })?;
+    Ok(out)
+}
+
+pub fn reshape(a: &Array, shape: &[i64], s: &Stream) -> Result<Array> {
+    let dims: Vec<c_int> = shape.iter().map(|&d| d as c_int).collect();
+    let mut out = Array::empty();
+    // SAFETY: `dims` outlives the call.
+    check(unsafe { mlx_sys::mlx_reshape(&mut out.0, a.0, dims.as_ptr(), dims.len(), s.0) })?;
+    Ok(out)
+}
+
+/// Permutes axes.
+pub fn transpose_axes(a: &Array, axes: &[i32], s: &Stream) -> Result<Array> {
+    let axes: Vec<c_int> = axes.iter().map(|&d| d as c_int).collect();
+    let mut out = Array::empty();
+    // SAFETY: `axes` outlives the call.
+    check(unsafe { mlx_sys::mlx_transpose_axes(&mut out.0, a.0, axes.as_ptr(), axes.len(), s.0) })?;
+    Ok(out)
+}
+
+/// A row-major contiguous version of `a` (a no-op when it already is).
+pub fn contiguous(a: &Array, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_contiguous(&mut out.0, a.0, false, s.0) })?;
+    Ok(out)
+}
+
+/// `a` scaled by a float constant, keeping `a`'s dtype.
+pub fn scale(a: &Array, factor: f32, s: &Stream) -> Result<Array> {
+    let f = astype(&Array::scalar_f32(factor), a.dtype(), s)?;
+    multiply(a, &f, s)
+}

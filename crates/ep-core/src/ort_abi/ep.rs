@@ -1,0 +1,308 @@
+//! The `OrtEp` table: claiming nodes (GetCapability) and compiling partitions (Compile).
+
+use super::boundary::{guard, guard_value, non_null};
+use super::compute::ComputeInfo;
+use super::graph_reader::{self, graph_nodes, node_inputs, node_outputs, read_node};
+use super::tables::{
+    OrtEp, OrtEpGraphSupportInfo, OrtNodeComputeInfo, OrtNodeFusionOptions, TABLE_VERSION,
+};
+use super::{check_status, ep_api};
+use crate::exec::Plan;
+use crate::graph::NodeInfo;
+use crate::partition::{PartNode, partition, topological_order};
+use crate::{EP_NAME, Error, Result, registry};
+use ort_sys::{OrtGraph, OrtNode, OrtSessionOptions, OrtStatusPtr, OrtValueInfo};
+use std::collections::{HashMap, HashSet};
+use std::ffi::{CStr, c_char};
+
+const NAME: &CStr = c"MLXExecutionProvider";
+const COMPAT: &CStr = c"onnxruntime-mlx";
+
+/// One EP instance (one per session); `table` must stay the first field.
+#[repr(C)]
+pub struct Ep {
+    table: OrtEp,
+    claim_debug: bool,
+}
+
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+impl Ep {
+    pub fn new(_session_options: *const OrtSessionOptions) -> Result<Box<Ep>> {
+        Ok(Box::new(Ep {
+            table: OrtEp {
+                ort_version_supported: TABLE_VERSION,
+                GetName: Some(get_name),
+                GetCapability: Some(get_capability),
+                Compile: Some(compile),
+                ReleaseNodeComputeInfos: Some(release_node_compute_infos),
+                GetPreferredDataLayout: None,
+                ShouldConvertDataLayoutForOp: None,
+                SetDynamicOptions: None,
+                OnRunStart: None,
+                OnRunEnd: None,
+                CreateAllocator: None,
+                CreateSyncStreamForDevice: None,
+                GetCompiledModelCompatibilityInfo: Some(compatibility_info),
+                GetKernelRegistry: None,
+                IsConcurrentRunSupported: None,
+            },
+            claim_debug: env_flag("ONNXRUNTIME_EP_MLX_CLAIM_DEBUG"),
+        }))
+    }
+}
+
+unsafe extern "system" fn get_name(_this: *const OrtEp) -> *const c_char {
+    NAME.as_ptr()
+}
+
+unsafe extern "system" fn compatibility_info(
+    _this: *mut OrtEp,
+    _graph: *const OrtGraph,
+) -> *const c_char {
+    guard_value(COMPAT.as_ptr(), || COMPAT.as_ptr())
+}
+
+/// The claim decision for every node of a graph, and the partitions of claimed nodes.
+pub struct Claims {
+    pub nodes: Vec<NodeInfo>,
+    /// `Err(reason)` for each node left to other EPs.
+    pub decisions: Vec<std::result::Result<(), String>>,
+    pub partitions: Vec<Vec<usize>>,
+}
+
+/// Decides which nodes the EP runs and how they are fused. Pure: no ORT calls.
+pub fn claim_and_partition(nodes: Vec<NodeInfo>) -> Result<Claims> {
+    let registry = registry::global()?;
+    let decisions: Vec<_> = nodes.iter().map(|n| decide(registry, n)).collect();
+    let part_nodes = part_nodes(&nodes, |i| decisions[i].is_ok());
+    let partitions = partition(&part_nodes).map_err(Error::new)?;
+    Ok(Claims {
+        nodes,
+        decisions,
+        partitions,
+    })
+}
+
+fn decide(registry: &registry::Registry, node: &NodeInfo) -> std::result::Result<(), String> {
+    for out in node.outputs.iter().flatten() {
+        match out.elem_type {
+            Some(t) if t.to_mlx().is_some() => {}
+            other => {
+                return Err(format!(
+                    "output '{}' has type {other:?}, which MLX cannot hold",
+                    out.name
+                ));
+            }
+        }
+    }
+    registry.claim(node).map(|_| ()).map_err(|d| d.0)
+}
+
+/// The producer edges between `nodes`, by value name.
+fn part_nodes(nodes: &[NodeInfo], claimed: impl Fn(usize) -> bool) -> Vec<PartNode> {
+    let mut producer: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in nodes.iter().enumerate() {
+        for out in n.outputs.iter().flatten() {
+            producer.insert(out.name.as_str(), i);
+        }
+    }
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let mut producers: Vec<usize> = n
+                .inputs
+                .iter()
+                .flatten()
+                .filter_map(|v| producer.get(v.name.as_str()).copied())
+                .collect();
+            producers.sort_unstable();
+            producers.dedup();
+            PartNode {
+                producers,
+                claimed: claimed(i),
+            }
+        })
+        .collect()
+}
+
+unsafe extern "system" fn get_capability(
+    this: *mut OrtEp,
+    graph: *const OrtGraph,
+    support: *mut OrtEpGraphSupportInfo,
+) -> OrtStatusPtr {
+    guard("GetCapability", || {
+        non_null(this, "ep")?;
+        non_null(graph, "graph")?;
+        non_null(support, "graph_support_info")?;
+        // SAFETY: `this` is our EP.
+        let ep = unsafe { &*this.cast::<Ep>() };
+        let raw = graph_nodes(graph)?;
+        let nodes = raw
+            .iter()
+            .map(|&n| read_node(n))
+            .collect::<Result<Vec<_>>>()?;
+        let claims = claim_and_partition(nodes)?;
+        if ep.claim_debug {
+            report_claims(&claims);
+        }
+        let options = OrtNodeFusionOptions {
+            ort_version_supported: TABLE_VERSION,
+            drop_constant_initializers: true,
+        };
+        for group in &claims.partitions {
+            let members: Vec<*const OrtNode> = group.iter().map(|&i| raw[i]).collect();
+            // SAFETY: node pointers come from this graph; ORT copies the list.
+            let status = unsafe {
+                (ep_api().EpGraphSupportInfo_AddNodesToFuse)(
+                    support,
+                    members.as_ptr(),
+                    members.len(),
+                    &options,
+                )
+            };
+            check_status(status, "EpGraphSupportInfo_AddNodesToFuse")?;
+        }
+        Ok(())
+    })
+}
+
+fn report_claims(claims: &Claims) {
+    for (node, decision) in claims.nodes.iter().zip(&claims.decisions) {
+        if let Err(reason) = decision {
+            eprintln!(
+                "[{EP_NAME}] not claimed: node '{}' ({} opset {}): {reason}",
+                node.name,
+                node.qualified_op(),
+                node.since_version
+            );
+        }
+    }
+    let claimed = claims.decisions.iter().filter(|d| d.is_ok()).count();
+    let sizes: Vec<usize> = claims.partitions.iter().map(Vec::len).collect();
+    eprintln!(
+        "[{EP_NAME}] claimed {claimed} of {} nodes in {} partition(s) of sizes {sizes:?}",
+        claims.nodes.len(),
+        sizes.len()
+    );
+}
+
+unsafe extern "system" fn compile(
+    _this: *mut OrtEp,
+    graphs: *const *const OrtGraph,
+    fused_nodes: *const *const OrtNode,
+    count: usize,
+    node_compute_infos: *mut *mut OrtNodeComputeInfo,
+    _ep_context_nodes: *mut *mut OrtNode,
+) -> OrtStatusPtr {
+    guard("Compile", || {
+        if count == 0 {
+            return Ok(());
+        }
+        non_null(graphs, "graphs")?;
+        non_null(fused_nodes, "fused_nodes")?;
+        non_null(node_compute_infos, "node_compute_infos")?;
+        // SAFETY: ORT passes `count` graphs, fused nodes and output slots.
+        let (graphs, fused) = unsafe {
+            (
+                std::slice::from_raw_parts(graphs, count),
+                std::slice::from_raw_parts(fused_nodes, count),
+            )
+        };
+        let mut built: Vec<Box<ComputeInfo>> = Vec::with_capacity(count);
+        for (&graph, &fused_node) in graphs.iter().zip(fused) {
+            built.push(ComputeInfo::new(build_plan(graph, fused_node)?));
+        }
+        for (i, info) in built.into_iter().enumerate() {
+            // SAFETY: slot `i` exists; ORT releases it through `release_node_compute_infos`.
+            unsafe {
+                *node_compute_infos.add(i) = Box::into_raw(info).cast::<OrtNodeComputeInfo>()
+            };
+        }
+        Ok(())
+    })
+}
+
+/// Builds the plan for one fused node from the partition's graph.
+fn build_plan(graph: *const OrtGraph, fused_node: *const OrtNode) -> Result<Plan> {
+    let name = graph_reader::node_name(fused_node)?;
+    let runtime_inputs: Vec<String> = node_inputs(fused_node)?
+        .into_iter()
+        .map(|v| graph_reader::read_value_info(v).map(|v| v.name))
+        .collect::<Result<_>>()?;
+    let mut outputs = Vec::new();
+    for v in node_outputs(fused_node)? {
+        let v = graph_reader::read_value_info(v)?;
+        let t = v
+            .elem_type
+            .ok_or_else(|| Error::new(format!("partition output '{}' is not a tensor", v.name)))?;
+        outputs.push((v.name, t));
+    }
+
+    let raw = graph_nodes(graph)?;
+    let nodes = raw
+        .iter()
+        .map(|&n| read_node(n))
+        .collect::<Result<Vec<_>>>()?;
+    let order = topological_order(&part_nodes(&nodes, |_| true)).map_err(Error::new)?;
+
+    // Constant initializers the partition reads are uploaded to MLX once, here.
+    let runtime: HashSet<&str> = runtime_inputs.iter().map(String::as_str).collect();
+    let produced: HashSet<&str> = nodes
+        .iter()
+        .flat_map(|n| n.outputs.iter().flatten().map(|v| v.name.as_str()))
+        .collect();
+    let mut constants = HashMap::new();
+    for (&node, info) in raw.iter().zip(&nodes) {
+        let values: Vec<*const OrtValueInfo> = node_inputs(node)?;
+        for (v, desc) in values.into_iter().zip(&info.inputs) {
+            let Some(desc) = desc else { continue };
+            let name = desc.name.as_str();
+            if runtime.contains(name) || produced.contains(name) || constants.contains_key(name) {
+                continue;
+            }
+            if !desc.is_constant {
+                return Err(Error::new(format!(
+                    "value '{name}' is neither an input nor a constant of the partition"
+                ))
+                .at_node(&info.name, &info.qualified_op()));
+            }
+            constants.insert(name.to_owned(), graph_reader::initializer_array(v, name)?);
+        }
+    }
+
+    let mut nodes: Vec<Option<NodeInfo>> = nodes.into_iter().map(Some).collect();
+    let ordered = order
+        .into_iter()
+        .map(|i| nodes[i].take().expect("each node once"))
+        .collect();
+    Plan::new(
+        name,
+        ordered,
+        runtime_inputs,
+        outputs,
+        constants,
+        registry::global()?,
+    )
+}
+
+unsafe extern "system" fn release_node_compute_infos(
+    _this: *mut OrtEp,
+    infos: *mut *mut OrtNodeComputeInfo,
+    count: usize,
+) {
+    guard_value((), || {
+        if infos.is_null() {
+            return;
+        }
+        // SAFETY: ORT hands back the `count` infos `compile` created.
+        for &info in unsafe { std::slice::from_raw_parts(infos, count) } {
+            if !info.is_null() {
+                drop(unsafe { Box::from_raw(info.cast::<ComputeInfo>()) });
+            }
+        }
+    })
+}

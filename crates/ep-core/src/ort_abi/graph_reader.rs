@@ -1,0 +1,299 @@
+//! Reads ORT's graph objects (`OrtGraph`, `OrtNode`, `OrtValueInfo`, `OrtOpAttr`) into the owned
+//! descriptions of [`crate::graph`], and initializer data into MLX arrays.
+
+use super::{c_str, ort_call};
+use crate::graph::{AttrValue, ElemType, NodeInfo, ValueInfo};
+use crate::mlx::Array;
+use crate::{Error, Result};
+use ort_sys::{
+    ONNXType, OrtGraph, OrtNode, OrtOpAttr, OrtOpAttrType, OrtTypeInfo, OrtValue, OrtValueInfo,
+};
+use std::collections::BTreeMap;
+use std::ffi::c_char;
+use std::ptr::{null, null_mut};
+
+/// The graph's nodes, in ORT's order.
+pub fn graph_nodes(graph: *const OrtGraph) -> Result<Vec<*const OrtNode>> {
+    let mut n = 0usize;
+    ort_call!(Graph_GetNumNodes(graph, &mut n))?;
+    let mut nodes = vec![null::<OrtNode>(); n];
+    if n > 0 {
+        ort_call!(Graph_GetNodes(graph, nodes.as_mut_ptr(), n))?;
+    }
+    Ok(nodes)
+}
+
+/// A node's input value infos (null entries for omitted optional inputs).
+pub fn node_inputs(node: *const OrtNode) -> Result<Vec<*const OrtValueInfo>> {
+    let mut n = 0usize;
+    ort_call!(Node_GetNumInputs(node, &mut n))?;
+    let mut v = vec![null::<OrtValueInfo>(); n];
+    if n > 0 {
+        ort_call!(Node_GetInputs(node, v.as_mut_ptr(), n))?;
+    }
+    Ok(v)
+}
+
+/// A node's output value infos (null entries for omitted optional outputs).
+pub fn node_outputs(node: *const OrtNode) -> Result<Vec<*const OrtValueInfo>> {
+    let mut n = 0usize;
+    ort_call!(Node_GetNumOutputs(node, &mut n))?;
+    let mut v = vec![null::<OrtValueInfo>(); n];
+    if n > 0 {
+        ort_call!(Node_GetOutputs(node, v.as_mut_ptr(), n))?;
+    }
+    Ok(v)
+}
+
+pub fn node_name(node: *const OrtNode) -> Result<String> {
+    let mut p: *const c_char = null();
+    ort_call!(Node_GetName(node, &mut p))?;
+    Ok(c_str(p))
+}
+
+/// Reads one node: identity, typed attributes, and its inputs' and outputs' value infos.
+pub fn read_node(node: *const OrtNode) -> Result<NodeInfo> {
+    let name = node_name(node)?;
+    let mut p: *const c_char = null();
+    ort_call!(Node_GetOperatorType(node, &mut p))?;
+    let op_type = c_str(p);
+    ort_call!(Node_GetDomain(node, &mut p))?;
+    let domain = c_str(p);
+    let mut since_version = 0i32;
+    ort_call!(Node_GetSinceVersion(node, &mut since_version))?;
+    let inputs = node_inputs(node)?
+        .into_iter()
+        .map(read_optional_value)
+        .collect::<Result<_>>()?;
+    let outputs = node_outputs(node)?
+        .into_iter()
+        .map(read_optional_value)
+        .collect::<Result<_>>()?;
+    let attributes = read_attributes(node).map_err(|e| e.at_node(&name, &op_type))?;
+    Ok(NodeInfo {
+        name,
+        op_type,
+        domain,
+        since_version,
+        inputs,
+        outputs,
+        attributes,
+    })
+}
+
+fn read_optional_value(v: *const OrtValueInfo) -> Result<Option<ValueInfo>> {
+    if v.is_null() {
+        Ok(None)
+    } else {
+        read_value_info(v).map(Some)
+    }
+}
+
+/// Reads a value info: name, element type, shape, and whether it is a constant initializer.
+pub fn read_value_info(v: *const OrtValueInfo) -> Result<ValueInfo> {
+    let mut p: *const c_char = null();
+    ort_call!(GetValueInfoName(v, &mut p))?;
+    let name = c_str(p);
+    // An empty name marks an omitted optional value.
+    let mut type_info: *const OrtTypeInfo = null();
+    ort_call!(GetValueInfoTypeInfo(v, &mut type_info))?;
+    let (elem_type, shape) = if type_info.is_null() {
+        (None, None)
+    } else {
+        read_tensor_type(type_info)?
+    };
+    let mut is_constant = false;
+    ort_call!(ValueInfo_IsConstantInitializer(v, &mut is_constant))?;
+    Ok(ValueInfo {
+        name,
+        elem_type,
+        shape,
+        is_constant,
+    })
+}
+
+type TensorType = (Option<ElemType>, Option<Vec<Option<i64>>>);
+
+fn read_tensor_type(type_info: *const OrtTypeInfo) -> Result<TensorType> {
+    let mut onnx_type = ONNXType::ONNX_TYPE_UNKNOWN;
+    ort_call!(GetOnnxTypeFromTypeInfo(type_info, &mut onnx_type))?;
+    if onnx_type != ONNXType::ONNX_TYPE_TENSOR {
+        return Ok((None, None));
+    }
+    let mut info = null();
+    ort_call!(CastTypeInfoToTensorInfo(type_info, &mut info))?;
+    if info.is_null() {
+        return Ok((None, None));
+    }
+    let mut elem = ort_sys::ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    ort_call!(GetTensorElementType(info, &mut elem))?;
+    let elem_type = ElemType::from_onnx(elem as i32);
+    // SAFETY: `info` is a valid tensor type info owned by ORT.
+    let has_shape = unsafe { (super::api().TensorTypeAndShape_HasShape)(info) };
+    if !has_shape {
+        return Ok((Some(elem_type), None));
+    }
+    let mut rank = 0usize;
+    ort_call!(GetDimensionsCount(info, &mut rank))?;
+    let mut dims = vec![0i64; rank];
+    if rank > 0 {
+        ort_call!(GetDimensions(info, dims.as_mut_ptr(), rank))?;
+    }
+    Ok((
+        Some(elem_type),
+        Some(dims.into_iter().map(|d| (d >= 0).then_some(d)).collect()),
+    ))
+}
+
+fn read_attributes(node: *const OrtNode) -> Result<BTreeMap<String, AttrValue>> {
+    let mut n = 0usize;
+    ort_call!(Node_GetNumAttributes(node, &mut n))?;
+    let mut attrs = vec![null::<OrtOpAttr>(); n];
+    if n > 0 {
+        ort_call!(Node_GetAttributes(node, attrs.as_mut_ptr(), n))?;
+    }
+    let mut out = BTreeMap::new();
+    for a in attrs {
+        let mut p: *const c_char = null();
+        ort_call!(OpAttr_GetName(a, &mut p))?;
+        let name = c_str(p);
+        let mut ty = OrtOpAttrType::ORT_OP_ATTR_UNDEFINED;
+        ort_call!(OpAttr_GetType(a, &mut ty))?;
+        let value = match ty {
+            OrtOpAttrType::ORT_OP_ATTR_INT => AttrValue::Int(read_scalar::<i64>(a, ty)?),
+            OrtOpAttrType::ORT_OP_ATTR_FLOAT => AttrValue::Float(read_scalar::<f32>(a, ty)?),
+            OrtOpAttrType::ORT_OP_ATTR_INTS => AttrValue::Ints(pod_vec(&read_bytes(a, ty)?)),
+            OrtOpAttrType::ORT_OP_ATTR_FLOATS => AttrValue::Floats(pod_vec(&read_bytes(a, ty)?)),
+            OrtOpAttrType::ORT_OP_ATTR_STRING => AttrValue::String(
+                String::from_utf8_lossy(&read_bytes(a, ty)?)
+                    .trim_end_matches('\0')
+                    .to_owned(),
+            ),
+            OrtOpAttrType::ORT_OP_ATTR_STRINGS => {
+                let bytes = read_bytes(a, ty)?;
+                let mut parts: Vec<String> = bytes
+                    .split(|&b| b == 0)
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect();
+                if bytes.last() == Some(&0) {
+                    parts.pop();
+                }
+                AttrValue::Strings(parts)
+            }
+            OrtOpAttrType::ORT_OP_ATTR_TENSOR => AttrValue::Tensor,
+            OrtOpAttrType::ORT_OP_ATTR_GRAPH => AttrValue::Graph,
+            OrtOpAttrType::ORT_OP_ATTR_UNDEFINED => AttrValue::Undefined,
+        };
+        out.insert(name, value);
+    }
+    Ok(out)
+}
+
+fn read_scalar<T: Default + Copy>(a: *const OrtOpAttr, ty: OrtOpAttrType) -> Result<T> {
+    let mut v = T::default();
+    let mut written = 0usize;
+    ort_call!(ReadOpAttr(
+        a,
+        ty,
+        (&mut v as *mut T).cast(),
+        std::mem::size_of::<T>(),
+        &mut written
+    ))?;
+    Ok(v)
+}
+
+/// Reads an attribute's payload: a first call learns the size, a second fills the buffer.
+fn read_bytes(a: *const OrtOpAttr, ty: OrtOpAttrType) -> Result<Vec<u8>> {
+    let mut size = 0usize;
+    // SAFETY: with a zero-length buffer ORT only reports the size needed (as an error status).
+    let status = unsafe { (super::api().ReadOpAttr)(a, ty, null_mut(), 0, &mut size) };
+    let _ = super::check_status(status, "ReadOpAttr");
+    let mut buf = vec![0u8; size];
+    if size > 0 {
+        ort_call!(ReadOpAttr(a, ty, buf.as_mut_ptr().cast(), size, &mut size))?;
+        buf.truncate(size);
+    }
+    Ok(buf)
+}
+
+fn pod_vec<T: Copy + Default>(bytes: &[u8]) -> Vec<T> {
+    let n = bytes.len() / std::mem::size_of::<T>();
+    let mut v = vec![T::default(); n];
+    // SAFETY: `v` has room for exactly `n * size_of::<T>()` bytes; T is plain data (i64/f32).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            bytes.as_ptr(),
+            v.as_mut_ptr().cast::<u8>(),
+            n * std::mem::size_of::<T>(),
+        )
+    };
+    v
+}
+
+/// Element type, shape and bytes of a tensor `OrtValue` (borrowed from ORT for the call).
+pub struct TensorRef<'a> {
+    pub elem_type: ElemType,
+    pub shape: Vec<i64>,
+    pub bytes: &'a [u8],
+}
+
+/// Borrows a tensor value's data.
+///
+/// # Safety
+/// `value` must be a valid tensor `OrtValue` that outlives the returned reference.
+pub unsafe fn tensor_ref<'a>(value: *const OrtValue) -> Result<TensorRef<'a>> {
+    let mut elem = ort_sys::ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    let mut dims: *const i64 = null();
+    let mut rank = 0usize;
+    ort_call!(GetTensorElementTypeAndShapeDataReference(
+        value, &mut elem, &mut dims, &mut rank
+    ))?;
+    // SAFETY: ORT returns `rank` dims valid while the value lives.
+    let shape = if rank == 0 {
+        Vec::new()
+    } else {
+        unsafe { std::slice::from_raw_parts(dims, rank) }.to_vec()
+    };
+    let mut size = 0usize;
+    ort_call!(GetTensorSizeInBytes(value, &mut size))?;
+    let mut data: *const std::ffi::c_void = null();
+    ort_call!(GetTensorData(value, &mut data))?;
+    let bytes = if size == 0 || data.is_null() {
+        &[][..]
+    } else {
+        // SAFETY: the tensor's buffer holds `size` bytes while the value lives.
+        unsafe { std::slice::from_raw_parts(data.cast::<u8>(), size) }
+    };
+    Ok(TensorRef {
+        elem_type: ElemType::from_onnx(elem as i32),
+        shape,
+        bytes,
+    })
+}
+
+/// Copies a tensor value into a new MLX array.
+///
+/// # Safety
+/// `value` must be a valid tensor `OrtValue`.
+pub unsafe fn tensor_to_array(value: *const OrtValue, what: &str) -> Result<Array> {
+    // SAFETY: per the caller.
+    let t = unsafe { tensor_ref(value)? };
+    let dtype = t.elem_type.to_mlx().ok_or_else(|| {
+        Error::new(format!(
+            "{what} has element type {:?}, which MLX cannot hold",
+            t.elem_type
+        ))
+    })?;
+    Ok(Array::from_bytes(t.bytes, &t.shape, dtype)?)
+}
+
+/// The data of a constant initializer, as an MLX array.
+pub fn initializer_array(v: *const OrtValueInfo, name: &str) -> Result<Array> {
+    let mut value: *const OrtValue = null();
+    ort_call!(ValueInfo_GetInitializerValue(v, &mut value))?;
+    if value.is_null() {
+        return Err(Error::new(format!("initializer '{name}' has no value")));
+    }
+    // SAFETY: ORT keeps the initializer alive during Compile, when this is called.
+    unsafe { tensor_to_array(value, &format!("initializer '{name}'")) }
+}

@@ -1,0 +1,95 @@
+//! MatMul (NumPy semantics, any batch rank) and Gemm (`alpha * A' @ B' + beta * C`).
+//! ORT rewrites MatMul followed by Add into Gemm before the EP sees the graph.
+
+use ep_core::lowering::{FLOATS, require_input_rank, require_inputs, require_types};
+use ep_core::mlx::{Array, ops};
+use ep_core::{Decline, LowerCtx, Lowering, NodeInfo, Result};
+use std::ops::RangeInclusive;
+
+pub struct MatMul;
+
+impl Lowering for MatMul {
+    fn op_type(&self) -> &'static str {
+        "MatMul"
+    }
+
+    fn opsets(&self) -> RangeInclusive<i32> {
+        1..=i32::MAX
+    }
+
+    fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline> {
+        require_inputs(node, 2, 2)?;
+        require_types(node, FLOATS)?;
+        require_input_rank(node, 0, 1..=8)?;
+        require_input_rank(node, 1, 1..=8)?;
+        Ok(())
+    }
+
+    fn lower(&self, ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+        Ok(vec![ops::matmul(
+            ctx.input(0)?,
+            ctx.input(1)?,
+            ctx.stream(),
+        )?])
+    }
+}
+
+pub struct Gemm;
+
+impl Lowering for Gemm {
+    fn op_type(&self) -> &'static str {
+        "Gemm"
+    }
+
+    fn opsets(&self) -> RangeInclusive<i32> {
+        7..=i32::MAX
+    }
+
+    fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline> {
+        require_inputs(node, 2, 3)?;
+        require_types(node, FLOATS)?;
+        require_input_rank(node, 0, 2..=2)?;
+        require_input_rank(node, 1, 2..=2)?;
+        if node.input(2).is_some() {
+            require_input_rank(node, 2, 0..=2)?;
+        }
+        for flag in ["transA", "transB"] {
+            let v = node.attr_int(flag, 0)?;
+            if v != 0 && v != 1 {
+                return Err(Decline(format!("attribute {flag}={v} is not 0 or 1")));
+            }
+        }
+        node.attr_float("alpha", 1.0)?;
+        node.attr_float("beta", 1.0)?;
+        Ok(())
+    }
+
+    fn lower(&self, ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+        let s = ctx.stream();
+        let alpha = node.attr_float("alpha", 1.0).map_err(ep_core::Error::new)?;
+        let beta = node.attr_float("beta", 1.0).map_err(ep_core::Error::new)?;
+        let mut a = ctx.input(0)?.clone();
+        let mut b = ctx.input(1)?.clone();
+        if node.attr_int("transA", 0).map_err(ep_core::Error::new)? == 1 {
+            a = ops::transpose(&a, s)?;
+        }
+        if node.attr_int("transB", 0).map_err(ep_core::Error::new)? == 1 {
+            b = ops::transpose(&b, s)?;
+        }
+        let out = match ctx.optional_input(2) {
+            Some(c) if beta != 0.0 => ops::addmm(c, &a, &b, alpha, beta, s)?,
+            _ => {
+                let ab = ops::matmul(&a, &b, s)?;
+                if alpha == 1.0 {
+                    ab
+                } else {
+                    ops::scale(&ab, alpha, s)?
+                }
+            }
+        };
+        Ok(vec![out])
+    }
+}
+
+ep_core::register_lowering!(MATMUL = MatMul);
+ep_core::register_lowering!(GEMM = Gemm);

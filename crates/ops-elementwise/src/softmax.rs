@@ -1,0 +1,73 @@
+//! Softmax. Opset 13 on: along one axis (default -1). Opsets 1 to 12: the input is viewed as a
+//! 2-D matrix split at `axis` (default 1) and each row is normalised.
+
+use ep_core::lowering::{FLOATS, require_input_rank, require_inputs, require_types};
+use ep_core::mlx::{Array, ops};
+use ep_core::{Decline, Error, LowerCtx, Lowering, NodeInfo, Result};
+use std::ops::RangeInclusive;
+
+pub struct Softmax {
+    /// Opsets before 13 flatten to 2-D around the axis.
+    flattening: bool,
+}
+
+impl Softmax {
+    fn axis(&self, node: &NodeInfo, rank: usize) -> std::result::Result<usize, String> {
+        let axis = node.attr_int("axis", if self.flattening { 1 } else { -1 })?;
+        let r = rank as i64;
+        let a = if axis < 0 { axis + r } else { axis };
+        // A scalar has no axis to normalise over; opset 13 allows axis 0 on rank 0 only as -1/0.
+        if rank == 0 || a < 0 || a >= r.max(1) {
+            return Err(format!("axis {axis} is out of range for rank {rank}"));
+        }
+        Ok(a as usize)
+    }
+}
+
+impl Lowering for Softmax {
+    fn op_type(&self) -> &'static str {
+        "Softmax"
+    }
+
+    fn opsets(&self) -> RangeInclusive<i32> {
+        if self.flattening {
+            1..=12
+        } else {
+            13..=i32::MAX
+        }
+    }
+
+    fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline> {
+        require_inputs(node, 1, 1)?;
+        require_types(node, FLOATS)?;
+        let rank = require_input_rank(node, 0, 1..=8)?;
+        self.axis(node, rank)?;
+        Ok(())
+    }
+
+    fn lower(&self, ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+        let s = ctx.stream();
+        let x = ctx.input(0)?;
+        let shape = x.shape();
+        let axis = self.axis(node, shape.len()).map_err(Error::new)?;
+        if !self.flattening {
+            return Ok(vec![ops::softmax(x, axis as i32, s)?]);
+        }
+        let rows: i64 = shape[..axis].iter().product();
+        let cols: i64 = shape[axis..].iter().product();
+        let flat = ops::reshape(x, &[rows, cols], s)?;
+        let y = ops::softmax(&flat, 1, s)?;
+        Ok(vec![ops::reshape(&y, &shape, s)?])
+    }
+
+    fn name(&self) -> &'static str {
+        if self.flattening {
+            "Softmax(opset 1-12)"
+        } else {
+            "Softmax(opset 13+)"
+        }
+    }
+}
+
+ep_core::register_lowering!(SOFTMAX_2D = Softmax { flattening: true });
+ep_core::register_lowering!(SOFTMAX = Softmax { flattening: false });
