@@ -182,3 +182,94 @@ impl Plan {
         Ok(results)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::ValueInfo;
+    use crate::lowering::Decline;
+
+    struct TestBinary(&'static str, fn(&Array, &Array, &Stream) -> mlx::Result<Array>);
+    impl Lowering for TestBinary {
+        fn op_type(&self) -> &'static str {
+            self.0
+        }
+        fn opsets(&self) -> std::ops::RangeInclusive<i32> {
+            1..=i32::MAX
+        }
+        fn claim(&self, _: &NodeInfo) -> std::result::Result<(), Decline> {
+            Ok(())
+        }
+        fn lower(&self, ctx: &mut LowerCtx<'_>, _: &NodeInfo) -> Result<Vec<Array>> {
+            Ok(vec![(self.1)(ctx.input(0)?, ctx.input(1)?, ctx.stream())?])
+        }
+    }
+    static ADD: TestBinary = TestBinary("Add", mlx::ops::add);
+    static MUL: TestBinary = TestBinary("Mul", mlx::ops::multiply);
+
+    fn value(name: &str) -> Option<ValueInfo> {
+        Some(ValueInfo { name: name.into(), elem_type: Some(ElemType::F32), shape: Some(vec![Some(2)]), is_constant: false })
+    }
+
+    fn node(op: &str, inputs: [&str; 2], output: &str) -> NodeInfo {
+        NodeInfo {
+            name: format!("{op}_node"),
+            op_type: op.into(),
+            domain: String::new(),
+            since_version: 14,
+            inputs: inputs.iter().map(|n| value(n)).collect(),
+            outputs: vec![value(output)],
+            attributes: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_plan_runs_inputs_constants_and_intermediates() {
+        let registry = Registry::build(&[&ADD, &MUL]).unwrap();
+        let _g = mlx::lock();
+        let w = Array::from_slice(&[10.0f32, 20.0], &[2]).unwrap();
+        let plan = Plan::new(
+            "p",
+            vec![node("Add", ["x", "w"], "t"), node("Mul", ["t", "x"], "y")],
+            vec!["x".into()],
+            vec![("y".into(), ElemType::F32), ("t".into(), ElemType::F32)],
+            HashMap::from([("w".to_owned(), w)]),
+            &registry,
+        )
+        .unwrap();
+        let x = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+        let out = plan.run(vec![x]).unwrap();
+        let s = Stream::cpu().unwrap();
+        assert_eq!(out[0].to_vec::<f32>(&s).unwrap(), vec![11.0, 44.0]);
+        assert_eq!(out[1].to_vec::<f32>(&s).unwrap(), vec![11.0, 22.0]);
+    }
+
+    #[test]
+    fn a_value_without_source_is_rejected_naming_the_node() {
+        let registry = Registry::build(&[&ADD]).unwrap();
+        let err = Plan::new("p", vec![node("Add", ["x", "missing"], "y")], vec!["x".into()], vec![("y".into(), ElemType::F32)], HashMap::new(), &registry)
+            .err()
+            .unwrap();
+        assert!(err.0.contains("Add_node") && err.0.contains("missing"), "{err}");
+    }
+
+    #[test]
+    fn an_op_without_lowering_is_rejected() {
+        let registry = Registry::build(&[&ADD]).unwrap();
+        let err = Plan::new("p", vec![node("Mul", ["x", "x"], "y")], vec!["x".into()], vec![("y".into(), ElemType::F32)], HashMap::new(), &registry)
+            .err()
+            .unwrap();
+        assert!(err.0.contains("no lowering registered for Mul"), "{err}");
+    }
+
+    #[test]
+    fn mlx_failures_during_a_run_name_the_node() {
+        let registry = Registry::build(&[&ADD]).unwrap();
+        let _g = mlx::lock();
+        let plan = Plan::new("p", vec![node("Add", ["x", "z"], "y")], vec!["x".into(), "z".into()], vec![("y".into(), ElemType::F32)], HashMap::new(), &registry).unwrap();
+        let x = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+        let z = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+        let err = plan.run(vec![x, z]).unwrap_err();
+        assert!(err.0.contains("node 'Add_node' (Add)"), "{err}");
+    }
+}

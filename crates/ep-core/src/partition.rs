@@ -228,7 +228,7 @@ mod tests {
             let nodes: Vec<PartNode> = (0..n)
                 .map(|i| {
                     let k = if i == 0 { 0 } else { next() % 3 };
-                    let producers = (0..k).map(|_| (next() % i as u64) as usize).collect();
+                    let producers: Vec<usize> = (0..k).map(|_| (next() % i as u64) as usize).collect();
                     node(&producers, next() % 4 != 0)
                 })
                 .collect();

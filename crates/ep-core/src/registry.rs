@@ -106,3 +106,70 @@ pub fn global() -> Result<&'static Registry> {
         .as_ref()
         .map_err(Clone::clone)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LowerCtx;
+    use crate::graph::NodeInfo;
+    use crate::mlx::Array;
+
+    struct Fake(&'static str, std::ops::RangeInclusive<i32>, &'static str);
+    impl Lowering for Fake {
+        fn op_type(&self) -> &'static str {
+            self.0
+        }
+        fn opsets(&self) -> std::ops::RangeInclusive<i32> {
+            self.1.clone()
+        }
+        fn claim(&self, _: &NodeInfo) -> std::result::Result<(), Decline> {
+            Ok(())
+        }
+        fn lower(&self, _: &mut LowerCtx<'_>, _: &NodeInfo) -> Result<Vec<Array>> {
+            Ok(vec![])
+        }
+        fn name(&self) -> &'static str {
+            self.2
+        }
+    }
+
+    static ADD_7: Fake = Fake("Add", 7..=12, "first Add");
+    static ADD_13: Fake = Fake("Add", 13..=i32::MAX, "second Add");
+    static ADD_10: Fake = Fake("Add", 10..=i32::MAX, "overlapping Add");
+
+    fn node(op: &str, opset: i32) -> NodeInfo {
+        NodeInfo {
+            name: "n".into(),
+            op_type: op.into(),
+            domain: "".into(),
+            since_version: opset,
+            inputs: vec![],
+            outputs: vec![],
+            attributes: Default::default(),
+        }
+    }
+
+    #[test]
+    fn overlapping_registrations_fail_naming_both() {
+        let err = Registry::build(&[&ADD_7, &ADD_10]).err().expect("overlap must be rejected");
+        assert!(err.0.contains("first Add") && err.0.contains("overlapping Add"), "{err}");
+    }
+
+    #[test]
+    fn opsets_select_the_lowering() {
+        let r = Registry::build(&[&ADD_13, &ADD_7]).unwrap();
+        assert_eq!(r.find(&node("Add", 7)).unwrap().name(), "first Add");
+        assert_eq!(r.find(&node("Add", 14)).unwrap().name(), "second Add");
+        let decline = r.find(&node("Add", 6)).err().unwrap();
+        assert!(decline.0.contains("opset 6"), "{decline}");
+        assert!(r.find(&node("Cos", 7)).err().unwrap().0.contains("no lowering"));
+    }
+
+    #[test]
+    fn the_onnx_domain_has_two_spellings() {
+        let r = Registry::build(&[&ADD_7]).unwrap();
+        let mut n = node("Add", 7);
+        n.domain = "ai.onnx".into();
+        assert!(r.find(&n).is_ok());
+    }
+}

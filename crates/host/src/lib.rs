@@ -1,1 +1,163 @@
+//! Host-side driver for the MLX EP: loads ONNX Runtime (the `ort` crate, `load-dynamic`),
+//! registers the plugin library, creates sessions on the CPU EP or the MLX EP, reads ORT's own
+//! record of which EP ran each node, and compares outputs. Used by `cargo xtask demo/run`
+//! (through the `mlx-ep-run` binary) and by the end-to-end tests.
 
+pub mod models;
+pub mod report;
+pub mod values;
+
+use ort::AsPointer;
+use ort::environment::Environment;
+use ort::session::Session;
+use ort::session::builder::SessionBuilder;
+use std::ffi::{CStr, c_char};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+pub use ort;
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// The name ORT reports for the plugin's EP.
+pub const MLX_EP: &str = "MLXExecutionProvider";
+pub const CPU_EP: &str = "CPUExecutionProvider";
+
+/// Where the plugin library is: `$ORT_MLX_EP_LIB`, which `cargo xtask` sets.
+pub fn plugin_path() -> Result<PathBuf> {
+    let path = std::env::var_os("ORT_MLX_EP_LIB").map(PathBuf::from).ok_or(
+        "ORT_MLX_EP_LIB is not set: build the plugin (cargo build -p onnxruntime-mlx-ep) and point ORT_MLX_EP_LIB at \
+         target/<profile>/libonnxruntime_mlx_ep.so (cargo xtask test and cargo xtask env do this)",
+    )?;
+    if !path.exists() {
+        return Err(format!("ORT_MLX_EP_LIB={} does not exist: build the plugin first", path.display()).into());
+    }
+    Ok(path)
+}
+
+/// ONNX Runtime is loaded from `$ORT_DYLIB_PATH` (set by `.cargo/config.toml` for cargo-run
+/// processes, and printed by `cargo xtask env`); a missing library is a clear error here
+/// rather than a panic inside the `ort` crate.
+fn check_ort_library() -> Result<()> {
+    match std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from) {
+        Some(p) if p.exists() => Ok(()),
+        Some(p) => Err(format!("ORT_DYLIB_PATH={} does not exist: run `cargo xtask setup`", p.display()).into()),
+        None => Err("ORT_DYLIB_PATH is not set: run through cargo, or `eval \"$(cargo xtask env)\"` first".into()),
+    }
+}
+
+/// The process's ORT environment with the plugin registered (created on first use).
+pub fn environment() -> Result<&'static Environment> {
+    static ENV: OnceLock<std::result::Result<Environment, String>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let setup = || -> Result<Environment> {
+            check_ort_library()?;
+            let env = ort::init().with_name("mlx-ep-host").build()?;
+            env.register_ep_library("MLX", plugin_path()?)?;
+            if !env.devices().any(|d| d.ep().is_ok_and(|n| n == MLX_EP)) {
+                return Err(format!("the plugin registered no {MLX_EP} device").into());
+            }
+            Ok(env)
+        };
+        setup().map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| Error::from(e.clone()))
+}
+
+/// Which execution provider a session should use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ep {
+    /// ORT's CPU EP alone.
+    Cpu,
+    /// The MLX EP, with ORT's CPU EP for the nodes it leaves.
+    Mlx,
+}
+
+impl Ep {
+    pub fn label(self) -> &'static str {
+        match self {
+            Ep::Cpu => CPU_EP,
+            Ep::Mlx => MLX_EP,
+        }
+    }
+}
+
+/// A session builder for `ep` that records EP assignment info.
+pub fn session_builder(ep: Ep) -> Result<SessionBuilder> {
+    let env = environment()?;
+    let mut builder = SessionBuilder::new(env)?
+        .with_config_entry("session.record_ep_graph_assignment_info", "1")
+        .map_err(ort::Error::<()>::from)?;
+    // Select the EP's devices explicitly: the `ort` crate otherwise sets an automatic device
+    // policy under which ORT itself picks the MLX EP for a "CPU" session.
+    let wanted = ep.label();
+    builder = builder.with_devices(env.devices().filter(|d| d.ep().is_ok_and(|n| n == wanted)), None).map_err(ort::Error::<()>::from)?;
+    Ok(builder)
+}
+
+/// One node as ORT's assignment info reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssignedNode {
+    pub name: String,
+    pub domain: String,
+    pub op_type: String,
+}
+
+/// The nodes one EP ran (one entry per subgraph ORT assigned).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    pub ep: String,
+    pub nodes: Vec<AssignedNode>,
+}
+
+/// ORT's record of which EP runs each node (`Session_GetEpGraphAssignmentInfo`).
+pub fn assignment(session: &Session) -> Result<Vec<Assignment>> {
+    let api = ort::api();
+    let check = |status: ort_sys::OrtStatusPtr, what: &str| -> Result<()> {
+        if status.0.is_null() {
+            return Ok(());
+        }
+        // SAFETY: a non-null status from ORT, read and released once.
+        let msg = unsafe {
+            let m = CStr::from_ptr((api.GetErrorMessage)(status.0)).to_string_lossy().into_owned();
+            (api.ReleaseStatus)(status.0);
+            m
+        };
+        Err(format!("{what}: {msg}").into())
+    };
+    let text = |p: *const c_char| if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() };
+    let mut subgraphs = std::ptr::null();
+    let mut count = 0usize;
+    // SAFETY: the session is alive; ORT owns the returned arrays for the session's lifetime.
+    check(unsafe { (api.Session_GetEpGraphAssignmentInfo)(session.ptr(), &mut subgraphs, &mut count) }, "Session_GetEpGraphAssignmentInfo")?;
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count {
+        // SAFETY: `count` entries.
+        let sg = unsafe { *subgraphs.add(i) };
+        let mut p: *const c_char = std::ptr::null();
+        check(unsafe { (api.EpAssignedSubgraph_GetEpName)(sg, &mut p) }, "EpAssignedSubgraph_GetEpName")?;
+        let ep = text(p);
+        let mut nodes_ptr = std::ptr::null();
+        let mut n = 0usize;
+        check(unsafe { (api.EpAssignedSubgraph_GetNodes)(sg, &mut nodes_ptr, &mut n) }, "EpAssignedSubgraph_GetNodes")?;
+        let mut nodes = Vec::with_capacity(n);
+        for j in 0..n {
+            let node = unsafe { *nodes_ptr.add(j) };
+            check(unsafe { (api.EpAssignedNode_GetName)(node, &mut p) }, "EpAssignedNode_GetName")?;
+            let name = text(p);
+            check(unsafe { (api.EpAssignedNode_GetDomain)(node, &mut p) }, "EpAssignedNode_GetDomain")?;
+            let domain = text(p);
+            check(unsafe { (api.EpAssignedNode_GetOperatorType)(node, &mut p) }, "EpAssignedNode_GetOperatorType")?;
+            nodes.push(AssignedNode { name, domain, op_type: text(p) });
+        }
+        out.push(Assignment { ep, nodes });
+    }
+    Ok(out)
+}
+
+/// The EP that ran the node named `node`, if ORT reports it.
+pub fn ep_of(assignment: &[Assignment], node: &str) -> Option<String> {
+    assignment.iter().find(|a| a.nodes.iter().any(|n| n.name == node)).map(|a| a.ep.clone())
+}

@@ -1,1 +1,68 @@
-fn main() {}
+//! `mlx-ep-run`: the report behind `cargo xtask demo` and `cargo xtask run MODEL.onnx`.
+
+use mlx_ep_host::report::{self, Options, Source};
+use mlx_ep_host::{Result, models};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: mlx-ep-run demo [--repeat N] [--json PATH]
+       mlx-ep-run run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]...
+The plugin is taken from $ORT_MLX_EP_LIB, ONNX Runtime from $ORT_DYLIB_PATH.";
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> Result<bool> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (cmd, rest) = args.split_first().ok_or(USAGE)?;
+    let mut opts = Options::default();
+    let mut json: Option<PathBuf> = None;
+    let mut model: Option<PathBuf> = None;
+    let mut it = rest.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--repeat" => opts.repeat = it.next().ok_or("--repeat needs a value")?.parse().map_err(|_| "--repeat needs a number")?,
+            "--json" => json = Some(it.next().ok_or("--json needs a path")?.into()),
+            "--dim" => {
+                let spec = it.next().ok_or("--dim needs NAME=VALUE")?;
+                let (k, v) = spec.split_once('=').ok_or("--dim needs NAME=VALUE")?;
+                opts.dims.insert(k.to_owned(), v.parse().map_err(|_| format!("--dim {spec}: value is not an integer"))?);
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(true);
+            }
+            other if cmd == "run" && model.is_none() && !other.starts_with('-') => model = Some(other.into()),
+            other => return Err(format!("unexpected argument `{other}`\n{USAGE}").into()),
+        }
+    }
+    let source = match cmd.as_str() {
+        "demo" => {
+            opts.dims.entry("batch".into()).or_insert(64);
+            Source::Built { name: "mlp 256-512-10".into(), build: Box::new(|| models::mlp(256, 512, 10)) }
+        }
+        "run" => {
+            let path = model.ok_or("run needs a model path")?;
+            if !path.exists() {
+                return Err(format!("{} does not exist", path.display()).into());
+            }
+            Source::File(path)
+        }
+        _ => return Err(USAGE.into()),
+    };
+    let report = report::compare_eps(&source, &opts)?;
+    report::print(&report);
+    if let Some(path) = json {
+        std::fs::write(&path, serde_json::to_string_pretty(&report::to_json(&report))?)?;
+        println!("\nwrote {}", path.display());
+    }
+    Ok(report.within_tolerance())
+}

@@ -43,9 +43,13 @@ unsafe extern "C" fn trampoline(
     }
 }
 
-/// Leaves the message where `check` finds it when mlx-c reports the closure's failure.
+thread_local! {
+    /// The closure's own error: mlx-c replaces it with a generic message on the way out.
+    static CLOSURE_ERROR: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
 fn report(msg: &str) {
-    super::set_last_error(msg.to_owned());
+    CLOSURE_ERROR.with(|e| *e.borrow_mut() = Some(msg.to_owned()));
 }
 
 unsafe extern "C" fn drop_payload(payload: *mut c_void) {
@@ -71,7 +75,12 @@ impl Closure {
         let input = VectorArray::from_arrays(inputs.iter())?;
         let mut out = VectorArray::new();
         // SAFETY: `out` owns its handle; mlx-c replaces its contents, and drop frees it.
-        check(unsafe { mlx_sys::mlx_closure_apply(&mut out.0, self.0, input.0) })?;
+        let rc = unsafe { mlx_sys::mlx_closure_apply(&mut out.0, self.0, input.0) };
+        let own = CLOSURE_ERROR.with(|e| e.borrow_mut().take());
+        check(rc).map_err(|e| match own {
+            Some(msg) => MlxError(msg),
+            None => e,
+        })?;
         out.to_vec()
             .map_err(|e| MlxError(format!("closure result: {}", e.0)))
     }

@@ -14,6 +14,8 @@ mod closure;
 mod dtype;
 pub mod ops;
 mod stream;
+#[cfg(test)]
+mod tests;
 
 pub use array::{Array, VectorArray};
 pub use closure::Closure;
@@ -84,6 +86,15 @@ pub(crate) fn check(rc: c_int) -> Result<()> {
 pub fn lock() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Bytes of memory held by live MLX arrays (excluding MLX's buffer cache).
+pub fn active_memory() -> Result<usize> {
+    init();
+    let mut n = 0usize;
+    // SAFETY: writes one usize.
+    check(unsafe { mlx_sys::mlx_get_active_memory(&mut n) })?;
+    Ok(n)
 }
 
 /// The MLX version string of the loaded libmlx.

@@ -1,0 +1,119 @@
+use super::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn cpu() -> Stream {
+    Stream::cpu().unwrap()
+}
+
+#[test]
+fn arrays_round_trip_host_data() {
+    let _g = lock();
+    let a = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+    assert_eq!(a.shape(), vec![2, 3]);
+    assert_eq!(a.dtype(), Dtype::F32);
+    assert_eq!(a.to_vec::<f32>(&cpu()).unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let t = ops::transpose(&a, &cpu()).unwrap();
+    // Copy-out makes the transposed view row-major.
+    assert_eq!(t.to_vec::<f32>(&cpu()).unwrap(), vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+}
+
+#[test]
+fn empty_and_scalar_arrays() {
+    let _g = lock();
+    let e = Array::from_slice::<f32>(&[], &[0, 4]).unwrap();
+    assert_eq!(e.size(), 0);
+    assert!(e.to_vec::<f32>(&cpu()).unwrap().is_empty());
+    let s = Array::from_slice(&[7i64], &[]).unwrap();
+    assert_eq!(s.ndim(), 0);
+    assert_eq!(s.to_vec::<i64>(&cpu()).unwrap(), vec![7]);
+}
+
+#[test]
+fn a_buffer_that_does_not_match_its_shape_is_an_error() {
+    let err = Array::from_bytes(&[0u8; 12], &[2, 2], Dtype::F32).unwrap_err();
+    assert!(err.0.contains("does not match"), "{err}");
+    assert!(Array::from_bytes(&[], &[-1], Dtype::F32).is_err());
+}
+
+#[test]
+fn an_mlx_error_is_a_result_not_an_exit() {
+    let _g = lock();
+    let a = Array::from_slice(&[1.0f32; 6], &[2, 3]).unwrap();
+    let b = Array::from_slice(&[1.0f32; 8], &[4, 2]).unwrap();
+    let err = ops::matmul(&a, &b, &cpu()).unwrap_err();
+    assert!(!err.0.is_empty());
+    assert!(err.to_string().starts_with("MLX error:"), "{err}");
+    // The process is still alive and MLX still works afterwards.
+    let ok = ops::add(&a, &a, &cpu()).unwrap();
+    assert_eq!(ok.to_vec::<f32>(&cpu()).unwrap(), vec![2.0; 6]);
+}
+
+#[test]
+fn dropping_arrays_releases_their_memory() {
+    let _g = lock();
+    let s = cpu();
+    // Warm up allocator bookkeeping, then measure a steady state.
+    drop(ops::add(&Array::scalar_f32(1.0), &Array::scalar_f32(1.0), &s).unwrap().to_vec::<f32>(&s).unwrap());
+    let before = active_memory().unwrap();
+    for _ in 0..20 {
+        let a = Array::from_slice(&vec![1.0f32; 1 << 16], &[1 << 16]).unwrap();
+        let b = ops::exp(&a, &s).unwrap();
+        let c = b.clone();
+        c.eval().unwrap();
+        assert!(active_memory().unwrap() >= before + (1 << 18), "the evaluated array holds memory");
+    }
+    assert_eq!(active_memory().unwrap(), before, "arrays leaked");
+}
+
+#[test]
+fn vectors_evaluate_together() {
+    let _g = lock();
+    let s = cpu();
+    let a = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+    let outs = [ops::add(&a, &a, &s).unwrap(), ops::multiply(&a, &a, &s).unwrap()];
+    let v = VectorArray::from_arrays(outs.iter()).unwrap();
+    assert_eq!(v.len(), 2);
+    v.eval().unwrap();
+    assert_eq!(v.get(1).unwrap().to_vec::<f32>(&s).unwrap(), vec![1.0, 4.0]);
+    assert!(v.get(5).is_err());
+}
+
+#[test]
+fn closures_apply_and_free_their_state() {
+    let _g = lock();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let closure = Closure::new(move |args: &[Array]| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        let s = Stream::cpu()?;
+        Ok(vec![ops::multiply(&args[0], &args[0], &s)?])
+    });
+    let x = Array::from_slice(&[3.0f32], &[1]).unwrap();
+    let out = closure.apply(&[x]).unwrap();
+    assert_eq!(out[0].to_vec::<f32>(&cpu()).unwrap(), vec![9.0]);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(Arc::strong_count(&calls), 2);
+    drop(closure);
+    assert_eq!(Arc::strong_count(&calls), 1, "the closure's state was not freed");
+}
+
+#[test]
+fn a_failing_closure_returns_its_error() {
+    let _g = lock();
+    let closure = Closure::new(|_: &[Array]| Err(MlxError("deliberate failure".into())));
+    let err = closure.apply(&[]).unwrap_err();
+    assert!(err.0.contains("deliberate failure"), "{err}");
+}
+
+#[test]
+fn a_panicking_closure_is_contained() {
+    let _g = lock();
+    let closure = Closure::new(|_: &[Array]| panic!("boom"));
+    assert!(closure.apply(&[]).is_err());
+}
+
+#[test]
+fn the_version_is_the_pinned_one() {
+    assert_eq!(version().unwrap(), "0.32.2");
+}

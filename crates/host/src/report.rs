@@ -1,0 +1,211 @@
+//! Runs one model on the CPU EP and on the MLX EP and reports: which nodes each EP ran (from
+//! ORT's assignment info), median latency of each, and the largest output differences.
+
+use crate::values::{self, HostTensor};
+use crate::{Assignment, CPU_EP, Ep, MLX_EP, Result, assignment, session_builder};
+use ort::editor::Model;
+use ort::session::Session;
+use serde_json::json;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Where a model comes from: a file, or a builder run once per session.
+pub enum Source {
+    File(PathBuf),
+    Built { name: String, build: Box<dyn Fn() -> Result<Model>> },
+}
+
+impl Source {
+    pub fn name(&self) -> String {
+        match self {
+            Source::File(p) => p.display().to_string(),
+            Source::Built { name, .. } => format!("{name} (built in memory)"),
+        }
+    }
+
+    pub fn session(&self, ep: Ep) -> Result<Session> {
+        let builder = session_builder(ep)?;
+        match self {
+            Source::File(p) => Ok(builder.clone().commit_from_file(p)?),
+            Source::Built { build, .. } => Ok(build()?.into_session(&builder)?),
+        }
+    }
+}
+
+pub struct Options {
+    pub repeat: usize,
+    pub dims: HashMap<String, i64>,
+    pub seed: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { repeat: 20, dims: HashMap::new(), seed: 7 }
+    }
+}
+
+/// One EP's run of the model.
+pub struct EpRun {
+    pub ep: Ep,
+    pub assignment: Vec<Assignment>,
+    pub median_ms: f64,
+    pub outputs: Vec<HostTensor>,
+}
+
+pub struct OutputDiff {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub elem_type: String,
+    pub max_abs: f64,
+    pub max_rel: f64,
+    pub within_tolerance: bool,
+}
+
+pub struct Report {
+    pub model: String,
+    pub inputs: Vec<(String, String, Vec<i64>)>,
+    pub cpu: EpRun,
+    pub mlx: EpRun,
+    pub diffs: Vec<OutputDiff>,
+}
+
+impl Report {
+    pub fn within_tolerance(&self) -> bool {
+        self.diffs.iter().all(|d| d.within_tolerance)
+    }
+}
+
+/// Per-dtype tolerance: |mlx - cpu| <= atol + rtol * |cpu|, elementwise.
+fn tolerance(elem_type: ort::value::TensorElementType) -> (f64, f64) {
+    use ort::value::TensorElementType as T;
+    match elem_type {
+        T::Float32 => (1e-5, 1e-4),
+        T::Float16 | T::Bfloat16 => (1e-3, 1e-2),
+        T::Float64 => (1e-10, 1e-9),
+        _ => (0.0, 0.0),
+    }
+}
+
+fn within(a: &HostTensor, b: &HostTensor) -> bool {
+    let (atol, rtol) = tolerance(a.elem_type);
+    a.values.iter().zip(&b.values).all(|(&x, &y)| (x.is_nan() && y.is_nan()) || (x - y).abs() <= atol + rtol * y.abs())
+}
+
+fn run_on(source: &Source, ep: Ep, opts: &Options) -> Result<(EpRun, Vec<(String, String, Vec<i64>)>)> {
+    let mut session = source.session(ep)?;
+    let assignment = assignment(&session)?;
+    let inputs = values::random_inputs(&session, &opts.dims, opts.seed)?;
+    let described = inputs
+        .iter()
+        .map(|(n, v)| {
+            let (ty, shape) = match v.dtype() {
+                ort::value::ValueType::Tensor { ty, shape, .. } => (format!("{ty:?}"), shape.to_vec()),
+                other => (format!("{other:?}"), Vec::new()),
+            };
+            (n.clone(), ty, shape)
+        })
+        .collect();
+    // The first run includes one-time work (weights upload, graph building): not timed.
+    let outputs = values::run(&mut session, &inputs)?;
+    let mut times = Vec::with_capacity(opts.repeat);
+    for _ in 0..opts.repeat.max(1) {
+        let t = Instant::now();
+        values::run(&mut session, &inputs)?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    let median_ms = times[times.len() / 2];
+    Ok((EpRun { ep, assignment, median_ms, outputs }, described))
+}
+
+/// Runs the model on both EPs and compares them.
+pub fn compare_eps(source: &Source, opts: &Options) -> Result<Report> {
+    let (cpu, inputs) = run_on(source, Ep::Cpu, opts)?;
+    let (mlx, _) = run_on(source, Ep::Mlx, opts)?;
+    let mut diffs = Vec::new();
+    for (m, c) in mlx.outputs.iter().zip(&cpu.outputs) {
+        let (max_abs, max_rel) = values::compare(m, c)?;
+        diffs.push(OutputDiff {
+            name: m.name.clone(),
+            shape: m.shape.clone(),
+            elem_type: format!("{:?}", m.elem_type),
+            max_abs,
+            max_rel,
+            within_tolerance: within(m, c),
+        });
+    }
+    Ok(Report { model: source.name(), inputs, cpu, mlx, diffs })
+}
+
+fn nodes_by_ep(run: &EpRun) -> Vec<(String, usize, Vec<String>)> {
+    let mut order: Vec<String> = Vec::new();
+    let mut by: HashMap<String, (usize, Vec<String>)> = HashMap::new();
+    for a in &run.assignment {
+        if !order.contains(&a.ep) {
+            order.push(a.ep.clone());
+        }
+        let e = by.entry(a.ep.clone()).or_default();
+        e.0 += 1;
+        e.1.extend(a.nodes.iter().map(|n| format!("{} ({})", n.name, n.op_type)));
+    }
+    order.into_iter().map(|ep| (ep.clone(), by[&ep].0, by[&ep].1.clone())).collect()
+}
+
+pub fn print(report: &Report) {
+    println!("model: {}", report.model);
+    for (name, ty, shape) in &report.inputs {
+        println!("  input {name}: {ty} {shape:?}");
+    }
+    let total: usize = report.mlx.assignment.iter().map(|a| a.nodes.len()).sum();
+    println!("\nnode assignment with the MLX EP ({total} nodes after ORT's graph optimizations):");
+    for (ep, groups, nodes) in nodes_by_ep(&report.mlx) {
+        let parts = if ep == MLX_EP { format!(" in {groups} partition(s)") } else { String::new() };
+        println!("  {ep}: {} node(s){parts}", nodes.len());
+        for n in nodes {
+            println!("    {n}");
+        }
+    }
+    if !report.mlx.assignment.iter().any(|a| a.ep == CPU_EP) {
+        println!("  {CPU_EP}: 0 nodes");
+    }
+    println!("\nlatency (median of repeated runs, after one warm-up run):");
+    println!("  {CPU_EP}: {:.3} ms", report.cpu.median_ms);
+    println!("  {MLX_EP}: {:.3} ms  ({:.2}x the CPU EP's time)", report.mlx.median_ms, report.mlx.median_ms / report.cpu.median_ms);
+    println!("\noutputs, MLX EP vs CPU EP:");
+    for d in &report.diffs {
+        println!(
+            "  {} {} {:?}: max abs diff {:.3e}, max rel diff {:.3e}: {}",
+            d.name,
+            d.elem_type,
+            d.shape,
+            d.max_abs,
+            d.max_rel,
+            if d.within_tolerance { "within tolerance" } else { "OUTSIDE TOLERANCE" }
+        );
+    }
+}
+
+pub fn to_json(report: &Report) -> serde_json::Value {
+    let run = |r: &EpRun| {
+        json!({
+            "ep": r.ep.label(),
+            "median_ms": r.median_ms,
+            "assignment": r.assignment.iter().map(|a| json!({
+                "ep": a.ep,
+                "nodes": a.nodes.iter().map(|n| json!({"name": n.name, "domain": n.domain, "op_type": n.op_type})).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        })
+    };
+    json!({
+        "model": report.model,
+        "inputs": report.inputs.iter().map(|(n, t, s)| json!({"name": n, "type": t, "shape": s})).collect::<Vec<_>>(),
+        "cpu": run(&report.cpu),
+        "mlx": run(&report.mlx),
+        "mlx_over_cpu_latency": report.mlx.median_ms / report.cpu.median_ms,
+        "outputs": report.diffs.iter().map(|d| json!({
+            "name": d.name, "type": d.elem_type, "shape": d.shape,
+            "max_abs_diff": d.max_abs, "max_rel_diff": d.max_rel, "within_tolerance": d.within_tolerance,
+        })).collect::<Vec<_>>(),
+    })
+}

@@ -1,0 +1,165 @@
+//! End to end on the real stack: ONNX Runtime 1.31 (the wheel's library) loads the built
+//! plugin; sessions run graphs with claimed and unclaimed nodes; ORT's own assignment info must
+//! show which EP ran each node, and outputs must match the CPU EP's.
+//!
+//! Needs `ORT_MLX_EP_LIB` (the built plugin) and `ORT_DYLIB_PATH` (ONNX Runtime): `cargo xtask
+//! test` provides both. Without them these tests fail, never skip.
+
+use mlx_ep_host::models::{self, Io, graph_model, node};
+use mlx_ep_host::ort::editor::Model;
+use mlx_ep_host::ort::operator::Attribute;
+use mlx_ep_host::ort::value::TensorElementType::{Float16, Float32, Int32};
+use mlx_ep_host::values::{self, HostTensor};
+use mlx_ep_host::{CPU_EP, Ep, MLX_EP, Result, assignment, ep_of, session_builder};
+use std::collections::HashMap;
+
+/// Runs `build()` on the CPU EP and on the MLX EP with the same random inputs.
+fn both(build: impl Fn() -> Result<Model>, dims: &[(&str, i64)]) -> Result<(Vec<mlx_ep_host::Assignment>, Vec<HostTensor>, Vec<HostTensor>)> {
+    let dims: HashMap<String, i64> = dims.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let mut cpu = build()?.into_session(&session_builder(Ep::Cpu)?)?;
+    let mut mlx = build()?.into_session(&session_builder(Ep::Mlx)?)?;
+    let inputs = values::random_inputs(&cpu, &dims, 11)?;
+    let expected = values::run(&mut cpu, &inputs)?;
+    let got = values::run(&mut mlx, &inputs)?;
+    Ok((assignment(&mlx)?, got, expected))
+}
+
+fn assert_close(got: &[HostTensor], expected: &[HostTensor], atol: f64, rtol: f64) {
+    assert_eq!(got.len(), expected.len());
+    for (g, e) in got.iter().zip(expected) {
+        assert_eq!((g.name.as_str(), &g.shape, g.elem_type), (e.name.as_str(), &e.shape, e.elem_type));
+        for (i, (&x, &y)) in g.values.iter().zip(&e.values).enumerate() {
+            assert!((x - y).abs() <= atol + rtol * y.abs(), "output '{}' element {i}: MLX {x} vs CPU {y}", g.name);
+        }
+    }
+}
+
+fn assert_on(assign: &[mlx_ep_host::Assignment], node: &str, ep: &str) {
+    assert_eq!(ep_of(assign, node).as_deref(), Some(ep), "node '{node}' should run on {ep}; assignment: {assign:?}");
+}
+
+#[test]
+fn claimed_nodes_run_on_mlx_and_the_rest_on_cpu() -> Result<()> {
+    // MatMul -> Relu -> Cos (no MLX lowering) -> Softmax -> Tanh
+    let build = || {
+        let x: Io = ("x", Float32, &[3, 8]);
+        let y: Io = ("y", Float32, &[3, 5]);
+        graph_model(
+            17,
+            &[x],
+            &[y],
+            &[("W", &[8, 5])],
+            vec![
+                node("MatMul", "mm", &["x", "W"], &["h"], vec![])?,
+                node("Relu", "relu", &["h"], &["r"], vec![])?,
+                node("Cos", "cos", &["r"], &["c"], vec![])?,
+                node("Softmax", "softmax", &["c"], &["s"], vec![])?,
+                node("Tanh", "tanh", &["s"], &["y"], vec![])?,
+            ],
+        )
+    };
+    let (assign, got, expected) = both(build, &[])?;
+    for n in ["mm", "relu", "softmax", "tanh"] {
+        assert_on(&assign, n, MLX_EP);
+    }
+    assert_on(&assign, "cos", CPU_EP);
+    let mlx_partitions = assign.iter().filter(|a| a.ep == MLX_EP).count();
+    assert_eq!(mlx_partitions, 2, "one partition on each side of the CPU node: {assign:?}");
+    assert_close(&got, &expected, 1e-5, 1e-4);
+    Ok(())
+}
+
+#[test]
+fn the_demo_mlp_runs_entirely_on_mlx() -> Result<()> {
+    let (assign, got, expected) = both(|| models::mlp(32, 64, 10), &[("batch", 4)])?;
+    assert!(!assign.is_empty());
+    assert!(assign.iter().all(|a| a.ep == MLX_EP), "{assign:?}");
+    // ORT fused MatMul + Add into Gemm before the EP saw the graph.
+    assert!(assign.iter().flat_map(|a| &a.nodes).any(|n| n.op_type == "Gemm"), "{assign:?}");
+    assert_close(&got, &expected, 1e-5, 1e-4);
+    Ok(())
+}
+
+#[test]
+fn float16_graphs_run_on_mlx() -> Result<()> {
+    let build = || {
+        let a: Io = ("a", Float16, &[4, 6]);
+        let b: Io = ("b", Float16, &[6]);
+        let y: Io = ("y", Float16, &[4, 6]);
+        graph_model(
+            17,
+            &[a, b],
+            &[y],
+            &[],
+            vec![
+                node("Add", "add", &["a", "b"], &["s"], vec![])?,
+                node("Mul", "mul", &["s", "a"], &["m"], vec![])?,
+                node("Sub", "sub", &["m", "b"], &["d"], vec![])?,
+                node("Sigmoid", "sigmoid", &["d"], &["y"], vec![])?,
+            ],
+        )
+    };
+    let (assign, got, expected) = both(build, &[])?;
+    for n in ["add", "mul", "sub", "sigmoid"] {
+        assert_on(&assign, n, MLX_EP);
+    }
+    assert_close(&got, &expected, 2e-3, 1e-2);
+    Ok(())
+}
+
+#[test]
+fn unsupported_dtypes_stay_on_cpu_with_correct_results() -> Result<()> {
+    let build = || {
+        let a: Io = ("a", Int32, &[5]);
+        let y: Io = ("y", Int32, &[5]);
+        graph_model(17, &[a], &[y], &[], vec![node("Add", "int_add", &["a", "a"], &["y"], vec![])?])
+    };
+    let (assign, got, expected) = both(build, &[])?;
+    assert_on(&assign, "int_add", CPU_EP);
+    assert_close(&got, &expected, 0.0, 0.0);
+    Ok(())
+}
+
+#[test]
+fn gemm_attributes_match_cpu() -> Result<()> {
+    let build = || {
+        let a: Io = ("a", Float32, &[7, 3]);
+        let y: Io = ("y", Float32, &[3, 4]);
+        let attrs = vec![
+            Attribute::new("transA", 1i64)?,
+            Attribute::new("transB", 1i64)?,
+            Attribute::new("alpha", 0.5f32)?,
+            Attribute::new("beta", 2.0f32)?,
+        ];
+        graph_model(11, &[a], &[y], &[("B", &[4, 7]), ("C", &[4])], vec![node("Gemm", "gemm", &["a", "B", "C"], &["y"], attrs)?])
+    };
+    let (assign, got, expected) = both(build, &[])?;
+    assert_on(&assign, "gemm", MLX_EP);
+    assert_close(&got, &expected, 1e-5, 1e-4);
+    Ok(())
+}
+
+#[test]
+fn opset_11_softmax_normalises_everything_from_axis_on() -> Result<()> {
+    let build = || {
+        let x: Io = ("x", Float32, &[2, 3, 4]);
+        let y: Io = ("y", Float32, &[2, 3, 4]);
+        graph_model(
+            11,
+            &[x],
+            &[y],
+            &[],
+            vec![
+                node("Exp", "exp", &["x"], &["e"], vec![])?,
+                node("Softmax", "softmax", &["e"], &["y"], vec![Attribute::new("axis", 1i64)?])?,
+            ],
+        )
+    };
+    let (assign, got, expected) = both(build, &[])?;
+    assert_on(&assign, "softmax", MLX_EP);
+    // Each batch row of 12 values sums to one: the flattening semantics, not per-axis.
+    let sum: f64 = got[0].values[..12].iter().sum();
+    assert!((sum - 1.0).abs() < 1e-5, "row sum {sum}");
+    assert_close(&got, &expected, 1e-5, 1e-4);
+    Ok(())
+}
