@@ -20,16 +20,8 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/format_compat.h");
 
     let home = env::var_os("ORT_MLX_HOME").map(PathBuf::from);
-    let prefix = locate(
-        "MLX_PREFIX",
-        home.as_deref().map(|h| h.join("mlx")),
-        "include/mlx/mlx.h",
-    );
-    let mlx_c = locate(
-        "MLX_C_DIR",
-        home.as_deref().map(|h| h.join("mlx-c")),
-        "mlx/c/mlx.h",
-    );
+    let prefix = locate("MLX_PREFIX", home.as_deref().map(|h| h.join("mlx")), "include/mlx/mlx.h");
+    let mlx_c = locate("MLX_C_DIR", home.as_deref().map(|h| h.join("mlx-c")), "mlx/c/mlx.h");
     let lib_dir = prefix.join("lib");
 
     let mut sources: Vec<PathBuf> = std::fs::read_dir(mlx_c.join("mlx/c"))
@@ -65,9 +57,7 @@ fn main() {
         .allowlist_function("mlx_.*")
         .allowlist_type("mlx_.*")
         .allowlist_var("MLX_.*")
-        .default_enum_style(bindgen::EnumVariation::Rust {
-            non_exhaustive: false,
-        })
+        .default_enum_style(bindgen::EnumVariation::Rust { non_exhaustive: false })
         .layout_tests(false)
         .generate_comments(false)
         .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
@@ -92,32 +82,20 @@ fn locate(var: &str, fallback: Option<PathBuf>, marker: &str) -> PathBuf {
     let (dir, origin) = match env::var_os(var) {
         Some(v) => (PathBuf::from(v), format!("${var}")),
         None => match fallback {
-            Some(f) => (
-                f.clone(),
-                format!("{} (set up by `cargo xtask setup`)", f.display()),
-            ),
-            None => panic!(
-                "neither {var} nor ORT_MLX_HOME is set: run `cargo xtask setup` or set {var}"
-            ),
+            Some(f) => (f.clone(), format!("{} (set up by `cargo xtask setup`)", f.display())),
+            None => panic!("neither {var} nor ORT_MLX_HOME is set: run `cargo xtask setup` or set {var}"),
         },
     };
     let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
     if !dir.join(marker).exists() {
-        panic!(
-            "{origin} = {} has no {marker}: run `cargo xtask setup`, or point {var} at a valid tree",
-            dir.display()
-        );
+        panic!("{origin} = {} has no {marker}: run `cargo xtask setup`, or point {var} at a valid tree", dir.display());
     }
     dir
 }
 
 fn compiler_include_dir() -> Option<PathBuf> {
     let cc = cc::Build::new().get_compiler();
-    let out = cc
-        .to_command()
-        .arg("-print-file-name=include")
-        .output()
-        .ok()?;
+    let out = cc.to_command().arg("-print-file-name=include").output().ok()?;
     let dir = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
     dir.join("stddef.h").exists().then_some(dir)
 }

@@ -11,10 +11,7 @@ pub fn demo(args: &[String]) -> Result {
 
 pub fn run_model(args: &[String]) -> Result {
     if args.is_empty() {
-        return Err(
-            "usage: cargo xtask run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]..."
-                .into(),
-        );
+        return Err("usage: cargo xtask run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]...".into());
     }
     runner(&[&["run".to_string()], args].concat())
 }
@@ -22,18 +19,7 @@ pub fn run_model(args: &[String]) -> Result {
 fn runner(args: &[String]) -> Result {
     setup::ensure(false)?;
     step("building the plugin and the runner (release)");
-    util::run(util::cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "onnxruntime-mlx-ep",
-        "-p",
-        "mlx-ep-host",
-    ]))?;
+    util::run(util::cargo().args(["build", "--release", "-p", "onnxruntime-mlx-ep", "-p", "mlx-ep-host"]))?;
     let bin = util::target_dir().join("release/mlx-ep-run");
-    util::run(
-        Command::new(bin)
-            .args(args)
-            .env("ORT_MLX_EP_LIB", util::plugin_path("release")),
-    )
+    util::run(Command::new(bin).args(args).env("ORT_MLX_EP_LIB", util::plugin_path("release")))
 }

@@ -7,17 +7,12 @@ pub fn run(args: &[String]) -> Result {
         None | Some("--release") => "release",
         Some("--debug") => "debug",
         Some(other) => {
-            return Err(format!(
-                "env: unknown option `{other}` (use --release or --debug)"
-            ));
+            return Err(format!("env: unknown option `{other}` (use --release or --debug)"));
         }
     };
     let plugin = util::plugin_path(profile);
     if !plugin.exists() {
-        eprintln!(
-            "# note: {} is not built yet (cargo xtask demo builds it)",
-            plugin.display()
-        );
+        eprintln!("# note: {} is not built yet (cargo xtask demo builds it)", plugin.display());
     }
     let ort = std::fs::canonicalize(util::home().join("lib/libonnxruntime.so"))
         .map_err(|_| "ONNX Runtime is not set up yet: run `cargo xtask setup`".to_string())?;

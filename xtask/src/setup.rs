@@ -34,8 +34,7 @@ pub fn run(args: &[String]) -> Result {
 /// Runs setup; quiet when everything is already in place.
 pub fn ensure(cuda: bool) -> Result {
     let home = util::home();
-    fs::create_dir_all(home.join("lib"))
-        .map_err(|e| format!("creating {}: {e}", home.display()))?;
+    fs::create_dir_all(home.join("lib")).map_err(|e| format!("creating {}: {e}", home.display()))?;
     python_env(&home, cuda)?;
     let site = site_packages()?;
     link_runtime_libraries(&home, &site)?;
@@ -58,55 +57,30 @@ fn python_env(home: &Path, cuda: bool) -> Result {
     let python = util::venv_python();
     if !python.exists() {
         let host_python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-        step(&format!(
-            "creating Python environment {} with {host_python}",
-            home.join("venv").display()
-        ));
-        util::run(
-            Command::new(&host_python)
-                .args(["-m", "venv"])
-                .arg(home.join("venv")),
-        )
-        .map_err(|e| {
-            format!("{e}\n(setup needs Python 3 with the venv module; set PYTHON to choose one)")
-        })?;
+        step(&format!("creating Python environment {} with {host_python}", home.join("venv").display()));
+        util::run(Command::new(&host_python).args(["-m", "venv"]).arg(home.join("venv")))
+            .map_err(|e| format!("{e}\n(setup needs Python 3 with the venv module; set PYTHON to choose one)"))?;
     }
     let requirements = util::root().join("python/requirements.txt");
     let wanted = format!(
         "{}\n{}\n",
-        fs::read_to_string(&requirements)
-            .map_err(|e| format!("reading {}: {e}", requirements.display()))?,
+        fs::read_to_string(&requirements).map_err(|e| format!("reading {}: {e}", requirements.display()))?,
         mlx_wheel(cuda)
     );
     let stamp = home.join("venv/.xtask-requirements");
     if fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
         return Ok(());
     }
-    step(&format!(
-        "installing pinned wheels ({}) into the Python environment",
-        mlx_wheel(cuda)
-    ));
+    step(&format!("installing pinned wheels ({}) into the Python environment", mlx_wheel(cuda)));
     // The MLX wheels all provide the `mlx` package: drop the ones not wanted before installing.
     let others: Vec<&str> = ["mlx-cpu", "mlx-cuda-13", "mlx-cuda-12", "mlx-metal"]
         .into_iter()
         .filter(|n| !mlx_wheel(cuda).starts_with(&format!("{n}==")))
         .collect();
-    util::output(
-        Command::new(&python)
-            .args(["-m", "pip", "uninstall", "-y", "-q"])
-            .args(&others),
-    )?;
+    util::output(Command::new(&python).args(["-m", "pip", "uninstall", "-y", "-q"]).args(&others))?;
     util::run(
         Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--progress-bar",
-                "off",
-                "-r",
-            ])
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off", "-r"])
             .arg(&requirements)
             .arg(mlx_wheel(cuda)),
     )?;
@@ -114,20 +88,16 @@ fn python_env(home: &Path, cuda: bool) -> Result {
 }
 
 fn site_packages() -> Result<PathBuf> {
-    let out = util::output(Command::new(util::venv_python()).args([
-        "-c",
-        "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-    ]))?;
+    let out = util::output(
+        Command::new(util::venv_python()).args(["-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]),
+    )?;
     Ok(PathBuf::from(out.trim()))
 }
 
 fn link_runtime_libraries(home: &Path, site: &Path) -> Result {
     let mlx = site.join("mlx");
     if !mlx.join("include/mlx/mlx.h").exists() {
-        return Err(format!(
-            "the MLX wheel has no headers at {}",
-            mlx.join("include/mlx").display()
-        ));
+        return Err(format!("the MLX wheel has no headers at {}", mlx.join("include/mlx").display()));
     }
     relink(&mlx, &home.join("mlx"))?;
 
@@ -169,18 +139,10 @@ fn mlx_c_sources(home: &Path) -> Result {
         return Ok(());
     }
     step("fetching mlx-c sources through cargo (crates.io package `mlx-sys` 0.7.0)");
-    util::run(
-        util::cargo()
-            .args(["fetch", "--quiet", "--manifest-path"])
-            .arg(&manifest),
-    )?;
-    let meta = util::output(
-        util::cargo()
-            .args(["metadata", "--format-version", "1", "--manifest-path"])
-            .arg(&manifest),
-    )?;
-    let meta: serde_json::Value =
-        serde_json::from_str(&meta).map_err(|e| format!("cargo metadata: {e}"))?;
+    util::run(util::cargo().args(["fetch", "--quiet", "--manifest-path"]).arg(&manifest))?;
+    let meta =
+        util::output(util::cargo().args(["metadata", "--format-version", "1", "--manifest-path"]).arg(&manifest))?;
+    let meta: serde_json::Value = serde_json::from_str(&meta).map_err(|e| format!("cargo metadata: {e}"))?;
     let pkg_manifest = meta["packages"]
         .as_array()
         .and_then(|ps| ps.iter().find(|p| p["name"] == MLX_C_CRATE))
@@ -192,8 +154,7 @@ fn mlx_c_sources(home: &Path) -> Result {
     }
     let _ = fs::remove_dir_all(&dest);
     copy_dir(&src.join("mlx"), &dest.join("mlx"))?;
-    fs::copy(src.join("LICENSE"), dest.join("LICENSE"))
-        .map_err(|e| format!("copying mlx-c LICENSE: {e}"))?;
+    fs::copy(src.join("LICENSE"), dest.join("LICENSE")).map_err(|e| format!("copying mlx-c LICENSE: {e}"))?;
     fs::write(&stamp, src.display().to_string()).map_err(|e| e.to_string())
 }
 

@@ -13,11 +13,7 @@ pub fn run(args: &[String]) -> Result {
     step("building the plugin");
     util::run(util::cargo().args(["build", "-p", "onnxruntime-mlx-ep"]))?;
     step("cargo test --workspace");
-    util::run(
-        util::cargo()
-            .args(["test", "--workspace"])
-            .env("ORT_MLX_EP_LIB", util::plugin_path("debug")),
-    )?;
+    util::run(util::cargo().args(["test", "--workspace"]).env("ORT_MLX_EP_LIB", util::plugin_path("debug")))?;
     step("Python check (onnxruntime wheel + plugin)");
     util::run(
         Command::new(util::venv_python())

@@ -7,17 +7,12 @@ pub type Result<T = ()> = std::result::Result<T, String>;
 
 /// The workspace root (the parent of this crate's manifest directory).
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
 /// `target/mlx-ep`: everything `setup` creates (venv, links to the wheels' libraries, mlx-c).
 pub fn home() -> PathBuf {
-    std::env::var_os("ORT_MLX_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target/mlx-ep"))
+    std::env::var_os("ORT_MLX_HOME").map(PathBuf::from).unwrap_or_else(|| root().join("target/mlx-ep"))
 }
 
 pub fn venv_python() -> PathBuf {
@@ -33,27 +28,15 @@ pub fn cargo() -> Command {
 
 /// Runs a command, failing with its command line when it does not exit 0.
 pub fn run(cmd: &mut Command) -> Result {
-    let status = cmd
-        .status()
-        .map_err(|e| format!("could not start {cmd:?}: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("{cmd:?} failed with {status}"))
-    }
+    let status = cmd.status().map_err(|e| format!("could not start {cmd:?}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("{cmd:?} failed with {status}")) }
 }
 
 /// Runs a command and returns its standard output.
 pub fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .output()
-        .map_err(|e| format!("could not start {cmd:?}: {e}"))?;
+    let out = cmd.output().map_err(|e| format!("could not start {cmd:?}: {e}"))?;
     if !out.status.success() {
-        return Err(format!(
-            "{cmd:?} failed with {}:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
+        return Err(format!("{cmd:?} failed with {}:\n{}", out.status, String::from_utf8_lossy(&out.stderr)));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -64,11 +47,7 @@ pub fn step(msg: &str) {
 
 /// File name of the plugin library on this platform.
 pub fn plugin_file_name() -> &'static str {
-    if cfg!(target_os = "macos") {
-        "libonnxruntime_mlx_ep.dylib"
-    } else {
-        "libonnxruntime_mlx_ep.so"
-    }
+    if cfg!(target_os = "macos") { "libonnxruntime_mlx_ep.dylib" } else { "libonnxruntime_mlx_ep.so" }
 }
 
 /// Path of the built plugin for a cargo profile directory (`debug` or `release`).
@@ -77,7 +56,5 @@ pub fn plugin_path(profile: &str) -> PathBuf {
 }
 
 pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"))
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"))
 }

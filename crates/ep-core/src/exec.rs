@@ -47,23 +47,17 @@ impl Plan {
         registry: &Registry,
     ) -> Result<Plan> {
         let name = name.into();
-        let mut available: HashSet<&str> = inputs
-            .iter()
-            .map(String::as_str)
-            .chain(constants.keys().map(String::as_str))
-            .collect();
+        let mut available: HashSet<&str> =
+            inputs.iter().map(String::as_str).chain(constants.keys().map(String::as_str)).collect();
         let mut plan_nodes = Vec::with_capacity(nodes.len());
         for info in &nodes {
-            let lowering = registry.claim(info).map_err(|d| {
-                Error::new(format!("cannot lower: {d}")).at_node(&info.name, &info.qualified_op())
-            })?;
+            let lowering = registry
+                .claim(info)
+                .map_err(|d| Error::new(format!("cannot lower: {d}")).at_node(&info.name, &info.qualified_op()))?;
             for v in info.inputs.iter().flatten() {
                 if !available.contains(v.name.as_str()) {
-                    return Err(Error::new(format!(
-                        "input '{}' has no source in the partition",
-                        v.name
-                    ))
-                    .at_node(&info.name, &info.qualified_op()));
+                    return Err(Error::new(format!("input '{}' has no source in the partition", v.name))
+                        .at_node(&info.name, &info.qualified_op()));
                 }
             }
             available.extend(info.outputs.iter().flatten().map(|v| v.name.as_str()));
@@ -72,34 +66,15 @@ impl Plan {
         let mut resolved_outputs = Vec::with_capacity(outputs.len());
         for (out, elem_type) in outputs {
             if !available.contains(out.as_str()) {
-                return Err(Error::new(format!(
-                    "partition {name}: output '{out}' is produced by no node"
-                )));
+                return Err(Error::new(format!("partition {name}: output '{out}' is produced by no node")));
             }
-            let dtype = elem_type.to_mlx().ok_or_else(|| {
-                Error::new(format!(
-                    "output '{out}' has type {elem_type:?}, which MLX cannot hold"
-                ))
-            })?;
-            resolved_outputs.push(PlanOutput {
-                name: out,
-                elem_type,
-                dtype,
-            });
+            let dtype = elem_type
+                .to_mlx()
+                .ok_or_else(|| Error::new(format!("output '{out}' has type {elem_type:?}, which MLX cannot hold")))?;
+            resolved_outputs.push(PlanOutput { name: out, elem_type, dtype });
         }
-        let nodes = nodes
-            .into_iter()
-            .zip(plan_nodes)
-            .map(|(info, lowering)| PlanNode { info, lowering })
-            .collect();
-        Ok(Plan {
-            name,
-            inputs,
-            outputs: resolved_outputs,
-            constants,
-            nodes,
-            stream: Stream::default_device()?,
-        })
+        let nodes = nodes.into_iter().zip(plan_nodes).map(|(info, lowering)| PlanNode { info, lowering }).collect();
+        Ok(Plan { name, inputs, outputs: resolved_outputs, constants, nodes, stream: Stream::default_device()? })
     }
 
     pub fn name(&self) -> &str {
@@ -133,26 +108,19 @@ impl Plan {
                 self.inputs.len()
             )));
         }
-        let mut env: HashMap<&str, Array> =
-            self.inputs.iter().map(String::as_str).zip(inputs).collect();
+        let mut env: HashMap<&str, Array> = self.inputs.iter().map(String::as_str).zip(inputs).collect();
         for node in &self.nodes {
             let info = &node.info;
             let args = info
                 .inputs
                 .iter()
                 .map(|v| {
-                    v.as_ref().and_then(|v| {
-                        env.get(v.name.as_str())
-                            .or_else(|| self.constants.get(&v.name))
-                            .cloned()
-                    })
+                    v.as_ref().and_then(|v| env.get(v.name.as_str()).or_else(|| self.constants.get(&v.name)).cloned())
                 })
                 .collect();
             let mut ctx = LowerCtx::new(args, &self.stream);
-            let results = node
-                .lowering
-                .lower(&mut ctx, info)
-                .map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
+            let results =
+                node.lowering.lower(&mut ctx, info).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
             if results.len() < info.outputs.iter().flatten().count() {
                 return Err(Error::new(format!(
                     "lowering returned {} outputs for {}",
@@ -208,7 +176,12 @@ mod tests {
     static MUL: TestBinary = TestBinary("Mul", mlx::ops::multiply);
 
     fn value(name: &str) -> Option<ValueInfo> {
-        Some(ValueInfo { name: name.into(), elem_type: Some(ElemType::F32), shape: Some(vec![Some(2)]), is_constant: false })
+        Some(ValueInfo {
+            name: name.into(),
+            elem_type: Some(ElemType::F32),
+            shape: Some(vec![Some(2)]),
+            is_constant: false,
+        })
     }
 
     fn node(op: &str, inputs: [&str; 2], output: &str) -> NodeInfo {
@@ -247,18 +220,32 @@ mod tests {
     #[test]
     fn a_value_without_source_is_rejected_naming_the_node() {
         let registry = Registry::build(&[&ADD]).unwrap();
-        let err = Plan::new("p", vec![node("Add", ["x", "missing"], "y")], vec!["x".into()], vec![("y".into(), ElemType::F32)], HashMap::new(), &registry)
-            .err()
-            .unwrap();
+        let err = Plan::new(
+            "p",
+            vec![node("Add", ["x", "missing"], "y")],
+            vec!["x".into()],
+            vec![("y".into(), ElemType::F32)],
+            HashMap::new(),
+            &registry,
+        )
+        .err()
+        .unwrap();
         assert!(err.0.contains("Add_node") && err.0.contains("missing"), "{err}");
     }
 
     #[test]
     fn an_op_without_lowering_is_rejected() {
         let registry = Registry::build(&[&ADD]).unwrap();
-        let err = Plan::new("p", vec![node("Mul", ["x", "x"], "y")], vec!["x".into()], vec![("y".into(), ElemType::F32)], HashMap::new(), &registry)
-            .err()
-            .unwrap();
+        let err = Plan::new(
+            "p",
+            vec![node("Mul", ["x", "x"], "y")],
+            vec!["x".into()],
+            vec![("y".into(), ElemType::F32)],
+            HashMap::new(),
+            &registry,
+        )
+        .err()
+        .unwrap();
         assert!(err.0.contains("no lowering registered for Mul"), "{err}");
     }
 
@@ -266,7 +253,15 @@ mod tests {
     fn mlx_failures_during_a_run_name_the_node() {
         let registry = Registry::build(&[&ADD]).unwrap();
         let _g = mlx::lock();
-        let plan = Plan::new("p", vec![node("Add", ["x", "z"], "y")], vec!["x".into(), "z".into()], vec![("y".into(), ElemType::F32)], HashMap::new(), &registry).unwrap();
+        let plan = Plan::new(
+            "p",
+            vec![node("Add", ["x", "z"], "y")],
+            vec!["x".into(), "z".into()],
+            vec![("y".into(), ElemType::F32)],
+            HashMap::new(),
+            &registry,
+        )
+        .unwrap();
         let x = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
         let z = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
         let err = plan.run(vec![x, z]).unwrap_err();

@@ -154,9 +154,7 @@ impl NodeInfo {
         match self.attr(name) {
             None => Ok(default),
             Some(AttrValue::Int(v)) => Ok(*v),
-            Some(other) => Err(format!(
-                "attribute '{name}' should be an int, found {other:?}"
-            )),
+            Some(other) => Err(format!("attribute '{name}' should be an int, found {other:?}")),
         }
     }
 
@@ -165,9 +163,7 @@ impl NodeInfo {
         match self.attr(name) {
             None => Ok(default),
             Some(AttrValue::Float(v)) => Ok(*v),
-            Some(other) => Err(format!(
-                "attribute '{name}' should be a float, found {other:?}"
-            )),
+            Some(other) => Err(format!("attribute '{name}' should be a float, found {other:?}")),
         }
     }
 
@@ -176,19 +172,13 @@ impl NodeInfo {
         match self.attr(name) {
             None => Ok(None),
             Some(AttrValue::Ints(v)) => Ok(Some(v)),
-            Some(other) => Err(format!(
-                "attribute '{name}' should be ints, found {other:?}"
-            )),
+            Some(other) => Err(format!("attribute '{name}' should be ints, found {other:?}")),
         }
     }
 
     /// `op_type`, with the domain in front when it is not the ONNX one.
     pub fn qualified_op(&self) -> String {
-        if is_onnx_domain(&self.domain) {
-            self.op_type.clone()
-        } else {
-            format!("{}:{}", self.domain, self.op_type)
-        }
+        if is_onnx_domain(&self.domain) { self.op_type.clone() } else { format!("{}:{}", self.domain, self.op_type) }
     }
 }
 

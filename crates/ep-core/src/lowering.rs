@@ -87,8 +87,7 @@ impl<'a> LowerCtx<'a> {
 
     /// Input `i`; an error when it is absent.
     pub fn input(&self, i: usize) -> Result<&Array> {
-        self.optional_input(i)
-            .ok_or_else(|| Error::new(format!("required input {i} is missing")))
+        self.optional_input(i).ok_or_else(|| Error::new(format!("required input {i} is missing")))
     }
 
     /// Input `i`, `None` when the optional input is omitted.
@@ -115,10 +114,7 @@ pub fn require_types(node: &NodeInfo, allowed: &[ElemType]) -> std::result::Resu
         match v.elem_type {
             Some(t) if allowed.contains(&t) => {}
             Some(t) => {
-                return Err(Decline(format!(
-                    "'{}' has element type {t:?}; supported: {allowed:?}",
-                    v.name
-                )));
+                return Err(Decline(format!("'{}' has element type {t:?}; supported: {allowed:?}", v.name)));
             }
             None => return Err(Decline(format!("'{}' is not a tensor", v.name))),
         }
@@ -132,15 +128,10 @@ pub fn require_input_rank(
     i: usize,
     ranks: RangeInclusive<usize>,
 ) -> std::result::Result<usize, Decline> {
-    let v = node
-        .input(i)
-        .ok_or_else(|| Decline(format!("input {i} is missing")))?;
+    let v = node.input(i).ok_or_else(|| Decline(format!("input {i} is missing")))?;
     match v.rank() {
         Some(r) if ranks.contains(&r) => Ok(r),
-        Some(r) => Err(Decline(format!(
-            "input '{}' has rank {r}; supported: {ranks:?}",
-            v.name
-        ))),
+        Some(r) => Err(Decline(format!("input '{}' has rank {r}; supported: {ranks:?}", v.name))),
         None => Err(Decline(format!("input '{}' has an unknown rank", v.name))),
     }
 }

@@ -42,16 +42,10 @@ pub fn partition(nodes: &[PartNode]) -> Result<Vec<Vec<usize>>, String> {
                     candidates.push(g);
                 }
             }
-            let others: Vec<usize> = (0..groups.len())
-                .rev()
-                .filter(|g| !candidates.contains(g))
-                .collect();
+            let others: Vec<usize> = (0..groups.len()).rev().filter(|g| !candidates.contains(g)).collect();
             candidates.extend(others);
             let chosen = candidates.into_iter().find(|&g| {
-                let reenters = nodes[n]
-                    .producers
-                    .iter()
-                    .any(|&p| group_of[p] != Some(g) && reach[p].contains(&g));
+                let reenters = nodes[n].producers.iter().any(|&p| group_of[p] != Some(g) && reach[p].contains(&g));
                 let cycle = r.iter().any(|&h| h != g && depends_on(&deps, h, g));
                 !reenters && !cycle
             });
@@ -112,11 +106,7 @@ pub fn topological_order(nodes: &[PartNode]) -> Result<Vec<usize>, String> {
             }
         }
     }
-    if order.len() != nodes.len() {
-        Err("the graph has a cycle".into())
-    } else {
-        Ok(order)
-    }
+    if order.len() != nodes.len() { Err("the graph has a cycle".into()) } else { Ok(order) }
 }
 
 #[cfg(test)]
@@ -124,10 +114,7 @@ mod tests {
     use super::*;
 
     fn node(producers: &[usize], claimed: bool) -> PartNode {
-        PartNode {
-            producers: producers.to_vec(),
-            claimed,
-        }
+        PartNode { producers: producers.to_vec(), claimed }
     }
 
     /// Every claimed node in exactly one partition, and the graph of fused partitions plus
@@ -157,10 +144,7 @@ mod tests {
                 }
             }
         }
-        assert!(
-            topological_order(&quotient).is_ok(),
-            "fused graph has a cycle: {groups:?}"
-        );
+        assert!(topological_order(&quotient).is_ok(), "fused graph has a cycle: {groups:?}");
     }
 
     #[test]
@@ -180,12 +164,7 @@ mod tests {
     #[test]
     fn a_path_through_an_unclaimed_node_is_never_fused_around() {
         // 0 -> 1 (unclaimed) -> 3, 0 -> 2 -> 3: node 3 cannot join {0, 2}.
-        let nodes = [
-            node(&[], true),
-            node(&[0], false),
-            node(&[0], true),
-            node(&[1, 2], true),
-        ];
+        let nodes = [node(&[], true), node(&[0], false), node(&[0], true), node(&[1, 2], true)];
         let groups = partition(&nodes).unwrap();
         assert_eq!(groups, vec![vec![0, 2], vec![3]]);
         assert_valid(&nodes, &groups);

@@ -27,16 +27,12 @@ impl Registry {
         for &l in entries {
             let key = (normalize(l.domain()).to_owned(), l.op_type().to_owned());
             let list = by_op.entry(key).or_default();
-            if let Some(other) = list.iter().find(|o| {
-                o.opsets().start() <= l.opsets().end() && l.opsets().start() <= o.opsets().end()
-            }) {
+            if let Some(other) =
+                list.iter().find(|o| o.opsets().start() <= l.opsets().end() && l.opsets().start() <= o.opsets().end())
+            {
                 return Err(Error::new(format!(
                     "duplicate lowering registration for {}{} opsets {:?}: `{}` and `{}` overlap ({:?})",
-                    if l.domain().is_empty() {
-                        String::new()
-                    } else {
-                        format!("{}:", l.domain())
-                    },
+                    if l.domain().is_empty() { String::new() } else { format!("{}:", l.domain()) },
                     l.op_type(),
                     l.opsets(),
                     other.name(),
@@ -53,23 +49,18 @@ impl Registry {
     /// The lowering for this node's domain, op and opset, or the reason there is none.
     pub fn find(&self, node: &NodeInfo) -> std::result::Result<&'static dyn Lowering, Decline> {
         let key = (normalize(&node.domain).to_owned(), node.op_type.clone());
-        let list = self.by_op.get(&key).ok_or_else(|| {
+        let list = self
+            .by_op
+            .get(&key)
+            .ok_or_else(|| Decline(format!("no lowering registered for {}", node.qualified_op())))?;
+        list.iter().copied().find(|l| l.opsets().contains(&node.since_version)).ok_or_else(|| {
+            let ranges: Vec<_> = list.iter().map(|l| l.opsets()).collect();
             Decline(format!(
-                "no lowering registered for {}",
+                "opset {} of {} is not supported (supported: {ranges:?})",
+                node.since_version,
                 node.qualified_op()
             ))
-        })?;
-        list.iter()
-            .copied()
-            .find(|l| l.opsets().contains(&node.since_version))
-            .ok_or_else(|| {
-                let ranges: Vec<_> = list.iter().map(|l| l.opsets()).collect();
-                Decline(format!(
-                    "opset {} of {} is not supported (supported: {ranges:?})",
-                    node.since_version,
-                    node.qualified_op()
-                ))
-            })
+        })
     }
 
     /// Finds the lowering and asks it to claim the node.
@@ -85,13 +76,7 @@ impl Registry {
             .by_op
             .values()
             .flatten()
-            .map(|l| {
-                (
-                    normalize(l.domain()).to_owned(),
-                    l.op_type().to_owned(),
-                    l.opsets(),
-                )
-            })
+            .map(|l| (normalize(l.domain()).to_owned(), l.op_type().to_owned(), l.opsets()))
             .collect();
         v.sort_by(|a, b| (&a.0, &a.1, a.2.start()).cmp(&(&b.0, &b.1, b.2.start())));
         v
@@ -101,10 +86,7 @@ impl Registry {
 /// The process-wide registry over [`LOWERINGS`], built on first use.
 pub fn global() -> Result<&'static Registry> {
     static REGISTRY: OnceLock<std::result::Result<Registry, Error>> = OnceLock::new();
-    REGISTRY
-        .get_or_init(|| Registry::build(&LOWERINGS))
-        .as_ref()
-        .map_err(Clone::clone)
+    REGISTRY.get_or_init(|| Registry::build(&LOWERINGS)).as_ref().map_err(Clone::clone)
 }
 
 #[cfg(test)]

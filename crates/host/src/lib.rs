@@ -24,14 +24,22 @@ pub type Result<T> = std::result::Result<T, Error>;
 pub const MLX_EP: &str = "MLXExecutionProvider";
 pub const CPU_EP: &str = "CPUExecutionProvider";
 
-/// Where the plugin library is: `$ORT_MLX_EP_LIB`, which `cargo xtask` sets.
+/// Where the plugin library is: `$ORT_MLX_EP_LIB` (which `cargo xtask` sets), else the
+/// workspace's debug build.
 pub fn plugin_path() -> Result<PathBuf> {
-    let path = std::env::var_os("ORT_MLX_EP_LIB").map(PathBuf::from).ok_or(
-        "ORT_MLX_EP_LIB is not set: build the plugin (cargo build -p onnxruntime-mlx-ep) and point ORT_MLX_EP_LIB at \
-         target/<profile>/libonnxruntime_mlx_ep.so (cargo xtask test and cargo xtask env do this)",
-    )?;
+    let path = match std::env::var_os("ORT_MLX_EP_LIB") {
+        Some(p) => PathBuf::from(p),
+        // The workspace's debug build, for a plain `cargo test` (which builds the plugin too).
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/debug")
+            .join(if cfg!(target_os = "macos") { "libonnxruntime_mlx_ep.dylib" } else { "libonnxruntime_mlx_ep.so" }),
+    };
     if !path.exists() {
-        return Err(format!("ORT_MLX_EP_LIB={} does not exist: build the plugin first", path.display()).into());
+        return Err(format!(
+            "the plugin library {} does not exist: build it (cargo build -p onnxruntime-mlx-ep) or point ORT_MLX_EP_LIB at it",
+            path.display()
+        )
+        .into());
     }
     Ok(path)
 }
@@ -93,7 +101,9 @@ pub fn session_builder(ep: Ep) -> Result<SessionBuilder> {
     // Select the EP's devices explicitly: the `ort` crate otherwise sets an automatic device
     // policy under which ORT itself picks the MLX EP for a "CPU" session.
     let wanted = ep.label();
-    builder = builder.with_devices(env.devices().filter(|d| d.ep().is_ok_and(|n| n == wanted)), None).map_err(ort::Error::<()>::from)?;
+    builder = builder
+        .with_devices(env.devices().filter(|d| d.ep().is_ok_and(|n| n == wanted)), None)
+        .map_err(ort::Error::<()>::from)?;
     Ok(builder)
 }
 
@@ -127,11 +137,16 @@ pub fn assignment(session: &Session) -> Result<Vec<Assignment>> {
         };
         Err(format!("{what}: {msg}").into())
     };
-    let text = |p: *const c_char| if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() };
+    let text = |p: *const c_char| {
+        if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
+    };
     let mut subgraphs = std::ptr::null();
     let mut count = 0usize;
     // SAFETY: the session is alive; ORT owns the returned arrays for the session's lifetime.
-    check(unsafe { (api.Session_GetEpGraphAssignmentInfo)(session.ptr(), &mut subgraphs, &mut count) }, "Session_GetEpGraphAssignmentInfo")?;
+    check(
+        unsafe { (api.Session_GetEpGraphAssignmentInfo)(session.ptr(), &mut subgraphs, &mut count) },
+        "Session_GetEpGraphAssignmentInfo",
+    )?;
     let mut out = Vec::with_capacity(count);
     for i in 0..count {
         // SAFETY: `count` entries.

@@ -29,12 +29,16 @@ fn run() -> Result<bool> {
     let mut it = rest.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--repeat" => opts.repeat = it.next().ok_or("--repeat needs a value")?.parse().map_err(|_| "--repeat needs a number")?,
+            "--repeat" => {
+                opts.repeat =
+                    it.next().ok_or("--repeat needs a value")?.parse().map_err(|_| "--repeat needs a number")?
+            }
             "--json" => json = Some(it.next().ok_or("--json needs a path")?.into()),
             "--dim" => {
                 let spec = it.next().ok_or("--dim needs NAME=VALUE")?;
                 let (k, v) = spec.split_once('=').ok_or("--dim needs NAME=VALUE")?;
-                opts.dims.insert(k.to_owned(), v.parse().map_err(|_| format!("--dim {spec}: value is not an integer"))?);
+                opts.dims
+                    .insert(k.to_owned(), v.parse().map_err(|_| format!("--dim {spec}: value is not an integer"))?);
             }
             "-h" | "--help" => {
                 println!("{USAGE}");

@@ -1,14 +1,18 @@
 //! Small models built in memory with ORT's Model Editor API (`ort::editor`).
 
 use crate::Result;
-use ort::memory::Allocator;
 use ort::editor::{Graph, Model, Node, ONNX_DOMAIN, Opset};
+use ort::memory::Allocator;
 use ort::value::{Outlet, Shape, SymbolicDimensions, Tensor, TensorElementType, ValueType};
 
 /// A tensor type for graph inputs/outputs; `-1` marks a symbolic dimension named `batch`.
 pub fn tensor_type(ty: TensorElementType, shape: &[i64]) -> ValueType {
     let symbols = shape.iter().map(|&d| if d < 0 { "batch".to_owned() } else { String::new() });
-    ValueType::Tensor { ty, shape: Shape::new(shape.iter().copied()), dimension_symbols: SymbolicDimensions::new(symbols) }
+    ValueType::Tensor {
+        ty,
+        shape: Shape::new(shape.iter().copied()),
+        dimension_symbols: SymbolicDimensions::new(symbols),
+    }
 }
 
 /// A float32 initializer with deterministic pseudo-random values in [-scale, scale).
@@ -51,7 +55,13 @@ pub type Io<'a> = (&'a str, TensorElementType, &'a [i64]);
 
 /// A one-graph model of default-domain `nodes` at `opset`, with float32 weights
 /// (name, shape) filled with deterministic values in [-1, 1).
-pub fn graph_model(opset: u32, inputs: &[Io<'_>], outputs: &[Io<'_>], weights: &[(&str, &[i64])], nodes: Vec<Node>) -> Result<Model> {
+pub fn graph_model(
+    opset: u32,
+    inputs: &[Io<'_>],
+    outputs: &[Io<'_>],
+    weights: &[(&str, &[i64])],
+    nodes: Vec<Node>,
+) -> Result<Model> {
     let mut graph = Graph::new()?;
     graph.set_inputs(inputs.iter().map(|(n, t, s)| Outlet::new(*n, tensor_type(*t, s))))?;
     graph.set_outputs(outputs.iter().map(|(n, t, s)| Outlet::new(*n, tensor_type(*t, s))))?;
@@ -67,6 +77,12 @@ pub fn graph_model(opset: u32, inputs: &[Io<'_>], outputs: &[Io<'_>], weights: &
 }
 
 /// A default-domain node; attributes as `(name, value)` pairs.
-pub fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attributes: Vec<ort::operator::Attribute>) -> Result<Node> {
+pub fn node(
+    op: &str,
+    name: &str,
+    inputs: &[&str],
+    outputs: &[&str],
+    attributes: Vec<ort::operator::Attribute>,
+) -> Result<Node> {
     Ok(Node::new(op, ONNX_DOMAIN, name, inputs, outputs, attributes)?)
 }

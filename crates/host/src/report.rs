@@ -171,7 +171,11 @@ pub fn print(report: &Report) {
     }
     println!("\nlatency (median of repeated runs, after one warm-up run):");
     println!("  {CPU_EP}: {:.3} ms", report.cpu.median_ms);
-    println!("  {MLX_EP}: {:.3} ms  ({:.2}x the CPU EP's time)", report.mlx.median_ms, report.mlx.median_ms / report.cpu.median_ms);
+    println!(
+        "  {MLX_EP}: {:.3} ms  ({:.2}x the CPU EP's time)",
+        report.mlx.median_ms,
+        report.mlx.median_ms / report.cpu.median_ms
+    );
     println!("\noutputs, MLX EP vs CPU EP:");
     for d in &report.diffs {
         println!(

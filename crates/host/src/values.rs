@@ -27,7 +27,13 @@ pub fn random_inputs(session: &Session, dims: &HashMap<String, i64>, seed: u64) 
         let shape: Vec<i64> = shape
             .iter()
             .enumerate()
-            .map(|(i, &d)| if d >= 0 { d } else { dimension_symbols.get(i).and_then(|s| dims.get(s.as_str())).copied().unwrap_or(1) })
+            .map(|(i, &d)| {
+                if d >= 0 {
+                    d
+                } else {
+                    dimension_symbols.get(i).and_then(|s| dims.get(s.as_str())).copied().unwrap_or(1)
+                }
+            })
             .collect();
         let n: usize = shape.iter().map(|&d| d as usize).product();
         let value = tensor_of(*ty, &shape, n, &mut rng).map_err(|e| format!("input '{}': {e}", input.name()))?;
@@ -40,21 +46,33 @@ pub fn random_inputs(session: &Session, dims: &HashMap<String, i64>, seed: u64) 
 pub fn tensor_of(ty: TensorElementType, shape: &[i64], n: usize, rng: &mut fastrand::Rng) -> Result<DynValue> {
     let shape = shape.to_vec();
     Ok(match ty {
-        TensorElementType::Float32 => Tensor::from_array((shape, (0..n).map(|_| rng.f32() * 2.0 - 1.0).collect::<Vec<_>>()))?.into_dyn(),
-        TensorElementType::Float64 => Tensor::from_array((shape, (0..n).map(|_| rng.f64() * 2.0 - 1.0).collect::<Vec<_>>()))?.into_dyn(),
-        TensorElementType::Float16 => {
-            Tensor::from_array((shape, (0..n).map(|_| f16::from_f32(rng.f32() * 2.0 - 1.0)).collect::<Vec<_>>()))?.into_dyn()
+        TensorElementType::Float32 => {
+            Tensor::from_array((shape, (0..n).map(|_| rng.f32() * 2.0 - 1.0).collect::<Vec<_>>()))?.into_dyn()
         }
-        TensorElementType::Int64 => Tensor::from_array((shape, (0..n).map(|_| rng.i64(0..4)).collect::<Vec<_>>()))?.into_dyn(),
-        TensorElementType::Int32 => Tensor::from_array((shape, (0..n).map(|_| rng.i32(0..4)).collect::<Vec<_>>()))?.into_dyn(),
-        TensorElementType::Bool => Tensor::from_array((shape, (0..n).map(|_| rng.bool()).collect::<Vec<_>>()))?.into_dyn(),
+        TensorElementType::Float64 => {
+            Tensor::from_array((shape, (0..n).map(|_| rng.f64() * 2.0 - 1.0).collect::<Vec<_>>()))?.into_dyn()
+        }
+        TensorElementType::Float16 => {
+            Tensor::from_array((shape, (0..n).map(|_| f16::from_f32(rng.f32() * 2.0 - 1.0)).collect::<Vec<_>>()))?
+                .into_dyn()
+        }
+        TensorElementType::Int64 => {
+            Tensor::from_array((shape, (0..n).map(|_| rng.i64(0..4)).collect::<Vec<_>>()))?.into_dyn()
+        }
+        TensorElementType::Int32 => {
+            Tensor::from_array((shape, (0..n).map(|_| rng.i32(0..4)).collect::<Vec<_>>()))?.into_dyn()
+        }
+        TensorElementType::Bool => {
+            Tensor::from_array((shape, (0..n).map(|_| rng.bool()).collect::<Vec<_>>()))?.into_dyn()
+        }
         other => return Err(format!("element type {other:?} is not generated").into()),
     })
 }
 
 /// Runs the session and widens every output to f64.
 pub fn run(session: &mut Session, inputs: &[(String, DynValue)]) -> Result<Vec<HostTensor>> {
-    let feed: Vec<(String, SessionInputValue<'_>)> = inputs.iter().map(|(n, v)| (n.clone(), SessionInputValue::from(v.view()))).collect();
+    let feed: Vec<(String, SessionInputValue<'_>)> =
+        inputs.iter().map(|(n, v)| (n.clone(), SessionInputValue::from(v.view()))).collect();
     let outputs = session.run(feed)?;
     let mut out = Vec::new();
     for (name, value) in outputs.iter() {
@@ -80,7 +98,9 @@ fn widen(name: &str, value: &ort::value::DynValueRef<'_>) -> Result<HostTensor> 
         TensorElementType::Int64 => grab!(i64, |&v| v as f64),
         TensorElementType::Int32 => grab!(i32, |&v| v as f64),
         TensorElementType::Bool => grab!(bool, |&v| if v { 1.0 } else { 0.0 }),
-        other => return Err(format!("output '{name}' has element type {other:?}, which the host cannot compare").into()),
+        other => {
+            return Err(format!("output '{name}' has element type {other:?}, which the host cannot compare").into());
+        }
     };
     Ok(HostTensor { name: name.to_owned(), elem_type: *ty, shape, values })
 }

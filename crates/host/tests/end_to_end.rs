@@ -14,7 +14,10 @@ use mlx_ep_host::{CPU_EP, Ep, MLX_EP, Result, assignment, ep_of, session_builder
 use std::collections::HashMap;
 
 /// Runs `build()` on the CPU EP and on the MLX EP with the same random inputs.
-fn both(build: impl Fn() -> Result<Model>, dims: &[(&str, i64)]) -> Result<(Vec<mlx_ep_host::Assignment>, Vec<HostTensor>, Vec<HostTensor>)> {
+fn both(
+    build: impl Fn() -> Result<Model>,
+    dims: &[(&str, i64)],
+) -> Result<(Vec<mlx_ep_host::Assignment>, Vec<HostTensor>, Vec<HostTensor>)> {
     let dims: HashMap<String, i64> = dims.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     let mut cpu = build()?.into_session(&session_builder(Ep::Cpu)?)?;
     let mut mlx = build()?.into_session(&session_builder(Ep::Mlx)?)?;
@@ -131,7 +134,13 @@ fn gemm_attributes_match_cpu() -> Result<()> {
             Attribute::new("alpha", 0.5f32)?,
             Attribute::new("beta", 2.0f32)?,
         ];
-        graph_model(11, &[a], &[y], &[("B", &[4, 7]), ("C", &[4])], vec![node("Gemm", "gemm", &["a", "B", "C"], &["y"], attrs)?])
+        graph_model(
+            11,
+            &[a],
+            &[y],
+            &[("B", &[4, 7]), ("C", &[4])],
+            vec![node("Gemm", "gemm", &["a", "B", "C"], &["y"], attrs)?],
+        )
     };
     let (assign, got, expected) = both(build, &[])?;
     assert_on(&assign, "gemm", MLX_EP);

@@ -3,12 +3,6 @@
 //! Nothing here is safe to call without reading mlx-c's contracts; `ep-core`'s `mlx` module is
 //! the RAII layer the rest of the project uses. See the build script for how mlx-c and libmlx
 //! are found.
-#![allow(
-    non_upper_case_globals,
-    non_camel_case_types,
-    non_snake_case,
-    dead_code,
-    clippy::all
-)]
+#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));

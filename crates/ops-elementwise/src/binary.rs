@@ -33,27 +33,7 @@ impl Lowering for Binary {
     }
 }
 
-ep_core::register_lowering!(
-    ADD = Binary {
-        op: "Add",
-        f: ops::add
-    }
-);
-ep_core::register_lowering!(
-    SUB = Binary {
-        op: "Sub",
-        f: ops::subtract
-    }
-);
-ep_core::register_lowering!(
-    MUL = Binary {
-        op: "Mul",
-        f: ops::multiply
-    }
-);
-ep_core::register_lowering!(
-    DIV = Binary {
-        op: "Div",
-        f: ops::divide
-    }
-);
+ep_core::register_lowering!(ADD = Binary { op: "Add", f: ops::add });
+ep_core::register_lowering!(SUB = Binary { op: "Sub", f: ops::subtract });
+ep_core::register_lowering!(MUL = Binary { op: "Mul", f: ops::multiply });
+ep_core::register_lowering!(DIV = Binary { op: "Div", f: ops::divide });

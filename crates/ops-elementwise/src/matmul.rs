@@ -26,11 +26,7 @@ impl Lowering for MatMul {
     }
 
     fn lower(&self, ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
-        Ok(vec![ops::matmul(
-            ctx.input(0)?,
-            ctx.input(1)?,
-            ctx.stream(),
-        )?])
+        Ok(vec![ops::matmul(ctx.input(0)?, ctx.input(1)?, ctx.stream())?])
     }
 }
 
@@ -80,11 +76,7 @@ impl Lowering for Gemm {
             Some(c) if beta != 0.0 => ops::addmm(c, &a, &b, alpha, beta, s)?,
             _ => {
                 let ab = ops::matmul(&a, &b, s)?;
-                if alpha == 1.0 {
-                    ab
-                } else {
-                    ops::scale(&ab, alpha, s)?
-                }
+                if alpha == 1.0 { ab } else { ops::scale(&ab, alpha, s)? }
             }
         };
         Ok(vec![out])

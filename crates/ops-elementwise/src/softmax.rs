@@ -30,11 +30,7 @@ impl Lowering for Softmax {
     }
 
     fn opsets(&self) -> RangeInclusive<i32> {
-        if self.flattening {
-            1..=12
-        } else {
-            13..=i32::MAX
-        }
+        if self.flattening { 1..=12 } else { 13..=i32::MAX }
     }
 
     fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -61,11 +57,7 @@ impl Lowering for Softmax {
     }
 
     fn name(&self) -> &'static str {
-        if self.flattening {
-            "Softmax(opset 1-12)"
-        } else {
-            "Softmax(opset 13+)"
-        }
+        if self.flattening { "Softmax(opset 1-12)" } else { "Softmax(opset 13+)" }
     }
 }
 

@@ -39,27 +39,7 @@ fn relu(x: &Array, s: &Stream) -> MlxResult<Array> {
     ops::maximum(x, &zero, s)
 }
 
-ep_core::register_lowering!(
-    RELU = Unary {
-        op: "Relu",
-        f: relu
-    }
-);
-ep_core::register_lowering!(
-    SIGMOID = Unary {
-        op: "Sigmoid",
-        f: ops::sigmoid
-    }
-);
-ep_core::register_lowering!(
-    TANH = Unary {
-        op: "Tanh",
-        f: ops::tanh
-    }
-);
-ep_core::register_lowering!(
-    EXP = Unary {
-        op: "Exp",
-        f: ops::exp
-    }
-);
+ep_core::register_lowering!(RELU = Unary { op: "Relu", f: relu });
+ep_core::register_lowering!(SIGMOID = Unary { op: "Sigmoid", f: ops::sigmoid });
+ep_core::register_lowering!(TANH = Unary { op: "Tanh", f: ops::tanh });
+ep_core::register_lowering!(EXP = Unary { op: "Exp", f: ops::exp });

@@ -29,20 +29,10 @@ impl Array {
             )));
         }
         // MLX reads `count` elements; an empty tensor still needs a valid pointer.
-        let ptr = if data.is_empty() {
-            [0u8; 8].as_ptr()
-        } else {
-            data.as_ptr()
-        };
+        let ptr = if data.is_empty() { [0u8; 8].as_ptr() } else { data.as_ptr() };
         // SAFETY: `ptr` holds `expected` readable bytes; mlx-c copies them before returning.
-        let raw = unsafe {
-            mlx_sys::mlx_array_new_data(
-                ptr.cast(),
-                dims.as_ptr(),
-                dims.len() as c_int,
-                dtype.to_raw(),
-            )
-        };
+        let raw =
+            unsafe { mlx_sys::mlx_array_new_data(ptr.cast(), dims.as_ptr(), dims.len() as c_int, dtype.to_raw()) };
         if raw.ctx.is_null() {
             return Err(MlxError("could not create an array".into()));
         }
@@ -52,9 +42,7 @@ impl Array {
     /// A new array from typed host data.
     pub fn from_slice<T: Element>(data: &[T], shape: &[i64]) -> Result<Array> {
         // SAFETY: `Element` types are plain old data without padding.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
-        };
+        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) };
         Array::from_bytes(bytes, shape, T::DTYPE)
     }
 
@@ -73,10 +61,7 @@ impl Array {
             if n == 0 || p.is_null() {
                 return Vec::new();
             }
-            std::slice::from_raw_parts(p, n)
-                .iter()
-                .map(|&d| d as i64)
-                .collect()
+            std::slice::from_raw_parts(p, n).iter().map(|&d| d as i64).collect()
         }
     }
 
@@ -108,10 +93,7 @@ impl Array {
         dense.eval()?;
         let n = dense.size() * dense.dtype().size_in_bytes();
         if out.len() != n {
-            return Err(MlxError(format!(
-                "output buffer of {} bytes for an array of {n} bytes",
-                out.len()
-            )));
+            return Err(MlxError(format!("output buffer of {} bytes for an array of {n} bytes", out.len())));
         }
         if n == 0 {
             return Ok(());
@@ -130,20 +112,12 @@ impl Array {
     /// Copies the array into a new vector of `T` (which must match the dtype).
     pub fn to_vec<T: Element>(&self, stream: &Stream) -> Result<Vec<T>> {
         if self.dtype() != T::DTYPE {
-            return Err(MlxError(format!(
-                "to_vec of {:?} as {:?}",
-                self.dtype(),
-                T::DTYPE
-            )));
+            return Err(MlxError(format!("to_vec of {:?} as {:?}", self.dtype(), T::DTYPE)));
         }
         let mut out = vec![T::default(); self.size()];
         // SAFETY: `Element` types are plain old data; the byte view covers exactly `out`.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(
-                out.as_mut_ptr().cast::<u8>(),
-                std::mem::size_of_val(&out[..]),
-            )
-        };
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(&out[..])) };
         self.copy_to(bytes, stream)?;
         Ok(out)
     }
@@ -179,9 +153,7 @@ impl std::fmt::Display for Array {
             let mut s = mlx_sys::mlx_string_new();
             let rc = mlx_sys::mlx_array_tostring(&mut s, self.0);
             let text = if check(rc).is_ok() {
-                CStr::from_ptr(mlx_sys::mlx_string_data(s))
-                    .to_string_lossy()
-                    .into_owned()
+                CStr::from_ptr(mlx_sys::mlx_string_data(s)).to_string_lossy().into_owned()
             } else {
                 format!("{self:?}")
             };

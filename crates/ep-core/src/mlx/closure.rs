@@ -62,13 +62,7 @@ impl Closure {
         init();
         let payload: *mut BoxedFn = Box::into_raw(Box::new(Box::new(f)));
         // SAFETY: mlx-c owns `payload` from here and frees it through `drop_payload`.
-        Closure(unsafe {
-            mlx_sys::mlx_closure_new_func_payload(
-                Some(trampoline),
-                payload.cast(),
-                Some(drop_payload),
-            )
-        })
+        Closure(unsafe { mlx_sys::mlx_closure_new_func_payload(Some(trampoline), payload.cast(), Some(drop_payload)) })
     }
 
     pub fn apply(&self, inputs: &[Array]) -> Result<Vec<Array>> {
@@ -81,8 +75,7 @@ impl Closure {
             Some(msg) => MlxError(msg),
             None => e,
         })?;
-        out.to_vec()
-            .map_err(|e| MlxError(format!("closure result: {}", e.0)))
+        out.to_vec().map_err(|e| MlxError(format!("closure result: {}", e.0)))
     }
 }
 

@@ -49,9 +49,7 @@ unsafe extern "C" fn record_error(msg: *const c_char, _data: *mut c_void) {
         "unknown error".to_owned()
     } else {
         // SAFETY: mlx-c passes a NUL-terminated message valid for the duration of the call.
-        unsafe { CStr::from_ptr(msg) }
-            .to_string_lossy()
-            .into_owned()
+        unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned()
     };
     set_last_error(text);
 }
@@ -75,9 +73,7 @@ pub(crate) fn check(rc: c_int) -> Result<()> {
     if rc == 0 {
         return Ok(());
     }
-    let msg = LAST_ERROR
-        .with(|e| e.borrow_mut().take())
-        .unwrap_or_else(|| format!("mlx-c call failed with code {rc}"));
+    let msg = LAST_ERROR.with(|e| e.borrow_mut().take()).unwrap_or_else(|| format!("mlx-c call failed with code {rc}"));
     Err(MlxError(msg))
 }
 
@@ -104,11 +100,7 @@ pub fn version() -> Result<String> {
     unsafe {
         let mut s = mlx_sys::mlx_string_new();
         let rc = mlx_sys::mlx_version(&mut s);
-        let out = check(rc).map(|_| {
-            CStr::from_ptr(mlx_sys::mlx_string_data(s))
-                .to_string_lossy()
-                .into_owned()
-        });
+        let out = check(rc).map(|_| CStr::from_ptr(mlx_sys::mlx_string_data(s)).to_string_lossy().into_owned());
         mlx_sys::mlx_string_free(s);
         out
     }

@@ -34,11 +34,7 @@ impl Stream {
         init();
         // SAFETY: creates a fresh handle owned by the returned value.
         let s = unsafe { mlx_sys::mlx_default_cpu_stream_new() };
-        if s.ctx.is_null() {
-            Err(MlxError("could not create the CPU stream".into()))
-        } else {
-            Ok(Stream(s))
-        }
+        if s.ctx.is_null() { Err(MlxError("could not create the CPU stream".into())) } else { Ok(Stream(s)) }
     }
 }
 

@@ -9,17 +9,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 pub fn guard(entry: &str, f: impl FnOnce() -> Result<()>) -> OrtStatusPtr {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => OrtStatusPtr(std::ptr::null_mut()),
-        Ok(Err(e)) => make_status(
-            OrtErrorCode::ORT_EP_FAIL,
-            &format!("{} ({entry}): {e}", crate::EP_NAME),
-        ),
+        Ok(Err(e)) => make_status(OrtErrorCode::ORT_EP_FAIL, &format!("{} ({entry}): {e}", crate::EP_NAME)),
         Err(panic) => make_status(
             OrtErrorCode::ORT_EP_FAIL,
-            &format!(
-                "{} ({entry}): internal error: {}",
-                crate::EP_NAME,
-                panic_message(&panic)
-            ),
+            &format!("{} ({entry}): internal error: {}", crate::EP_NAME, panic_message(&panic)),
         ),
     }
 }
@@ -41,9 +34,5 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 
 /// Fails with a clear message when ORT passes a null pointer where one is required.
 pub fn non_null<T>(p: *const T, what: &str) -> Result<()> {
-    if p.is_null() {
-        Err(Error::new(format!("{what} is null")))
-    } else {
-        Ok(())
-    }
+    if p.is_null() { Err(Error::new(format!("{what} is null"))) } else { Ok(()) }
 }

@@ -65,10 +65,7 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
     let mut count = 0usize;
     ort_call!(KernelContext_GetInputCount(ctx, &mut count))?;
     if count != plan.inputs().len() {
-        return Err(Error::new(format!(
-            "ORT passed {count} inputs, the partition has {}",
-            plan.inputs().len()
-        )));
+        return Err(Error::new(format!("ORT passed {count} inputs, the partition has {}", plan.inputs().len())));
     }
     let _mlx = mlx::lock();
     let mut inputs = Vec::with_capacity(count);
@@ -85,18 +82,9 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
     for (i, (array, out)) in outputs.iter().zip(plan.outputs()).enumerate() {
         let shape = array.shape();
         let mut value: *mut OrtValue = null_mut();
-        ort_call!(KernelContext_GetOutput(
-            ctx,
-            i,
-            shape.as_ptr(),
-            shape.len(),
-            &mut value
-        ))?;
+        ort_call!(KernelContext_GetOutput(ctx, i, shape.as_ptr(), shape.len(), &mut value))?;
         if value.is_null() {
-            return Err(Error::new(format!(
-                "ORT gave no buffer for output '{}'",
-                out.name
-            )));
+            return Err(Error::new(format!("ORT gave no buffer for output '{}'", out.name)));
         }
         let mut size = 0usize;
         ort_call!(GetTensorSizeInBytes(value, &mut size))?;
@@ -108,9 +96,7 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
             // SAFETY: ORT allocated `size` bytes for this output.
             unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), size) }
         };
-        array
-            .copy_to(buf, plan.stream())
-            .map_err(|e| Error::new(format!("output '{}': {e}", out.name)))?;
+        array.copy_to(buf, plan.stream()).map_err(|e| Error::new(format!("output '{}': {e}", out.name)))?;
     }
     Ok(())
 }

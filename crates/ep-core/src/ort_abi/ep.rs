@@ -3,9 +3,7 @@
 use super::boundary::{guard, guard_value, non_null};
 use super::compute::ComputeInfo;
 use super::graph_reader::{self, graph_nodes, node_inputs, node_outputs, read_node};
-use super::tables::{
-    OrtEp, OrtEpGraphSupportInfo, OrtNodeComputeInfo, OrtNodeFusionOptions, TABLE_VERSION,
-};
+use super::tables::{OrtEp, OrtEpGraphSupportInfo, OrtNodeComputeInfo, OrtNodeFusionOptions, TABLE_VERSION};
 use super::{check_status, ep_api};
 use crate::exec::Plan;
 use crate::graph::NodeInfo;
@@ -58,10 +56,7 @@ unsafe extern "system" fn get_name(_this: *const OrtEp) -> *const c_char {
     NAME.as_ptr()
 }
 
-unsafe extern "system" fn compatibility_info(
-    _this: *mut OrtEp,
-    _graph: *const OrtGraph,
-) -> *const c_char {
+unsafe extern "system" fn compatibility_info(_this: *mut OrtEp, _graph: *const OrtGraph) -> *const c_char {
     guard_value(COMPAT.as_ptr(), || COMPAT.as_ptr())
 }
 
@@ -79,11 +74,7 @@ pub fn claim_and_partition(nodes: Vec<NodeInfo>) -> Result<Claims> {
     let decisions: Vec<_> = nodes.iter().map(|n| decide(registry, n)).collect();
     let part_nodes = part_nodes(&nodes, |i| decisions[i].is_ok());
     let partitions = partition(&part_nodes).map_err(Error::new)?;
-    Ok(Claims {
-        nodes,
-        decisions,
-        partitions,
-    })
+    Ok(Claims { nodes, decisions, partitions })
 }
 
 fn decide(registry: &registry::Registry, node: &NodeInfo) -> std::result::Result<(), String> {
@@ -91,10 +82,7 @@ fn decide(registry: &registry::Registry, node: &NodeInfo) -> std::result::Result
         match out.elem_type {
             Some(t) if t.to_mlx().is_some() => {}
             other => {
-                return Err(format!(
-                    "output '{}' has type {other:?}, which MLX cannot hold",
-                    out.name
-                ));
+                return Err(format!("output '{}' has type {other:?}, which MLX cannot hold", out.name));
             }
         }
     }
@@ -113,18 +101,11 @@ fn part_nodes(nodes: &[NodeInfo], claimed: impl Fn(usize) -> bool) -> Vec<PartNo
         .iter()
         .enumerate()
         .map(|(i, n)| {
-            let mut producers: Vec<usize> = n
-                .inputs
-                .iter()
-                .flatten()
-                .filter_map(|v| producer.get(v.name.as_str()).copied())
-                .collect();
+            let mut producers: Vec<usize> =
+                n.inputs.iter().flatten().filter_map(|v| producer.get(v.name.as_str()).copied()).collect();
             producers.sort_unstable();
             producers.dedup();
-            PartNode {
-                producers,
-                claimed: claimed(i),
-            }
+            PartNode { producers, claimed: claimed(i) }
         })
         .collect()
 }
@@ -141,28 +122,17 @@ unsafe extern "system" fn get_capability(
         // SAFETY: `this` is our EP.
         let ep = unsafe { &*this.cast::<Ep>() };
         let raw = graph_nodes(graph)?;
-        let nodes = raw
-            .iter()
-            .map(|&n| read_node(n))
-            .collect::<Result<Vec<_>>>()?;
+        let nodes = raw.iter().map(|&n| read_node(n)).collect::<Result<Vec<_>>>()?;
         let claims = claim_and_partition(nodes)?;
         if ep.claim_debug {
             report_claims(&claims);
         }
-        let options = OrtNodeFusionOptions {
-            ort_version_supported: TABLE_VERSION,
-            drop_constant_initializers: true,
-        };
+        let options = OrtNodeFusionOptions { ort_version_supported: TABLE_VERSION, drop_constant_initializers: true };
         for group in &claims.partitions {
             let members: Vec<*const OrtNode> = group.iter().map(|&i| raw[i]).collect();
             // SAFETY: node pointers come from this graph; ORT copies the list.
             let status = unsafe {
-                (ep_api().EpGraphSupportInfo_AddNodesToFuse)(
-                    support,
-                    members.as_ptr(),
-                    members.len(),
-                    &options,
-                )
+                (ep_api().EpGraphSupportInfo_AddNodesToFuse)(support, members.as_ptr(), members.len(), &options)
             };
             check_status(status, "EpGraphSupportInfo_AddNodesToFuse")?;
         }
@@ -206,21 +176,15 @@ unsafe extern "system" fn compile(
         non_null(fused_nodes, "fused_nodes")?;
         non_null(node_compute_infos, "node_compute_infos")?;
         // SAFETY: ORT passes `count` graphs, fused nodes and output slots.
-        let (graphs, fused) = unsafe {
-            (
-                std::slice::from_raw_parts(graphs, count),
-                std::slice::from_raw_parts(fused_nodes, count),
-            )
-        };
+        let (graphs, fused) =
+            unsafe { (std::slice::from_raw_parts(graphs, count), std::slice::from_raw_parts(fused_nodes, count)) };
         let mut built: Vec<Box<ComputeInfo>> = Vec::with_capacity(count);
         for (&graph, &fused_node) in graphs.iter().zip(fused) {
             built.push(ComputeInfo::new(build_plan(graph, fused_node)?));
         }
         for (i, info) in built.into_iter().enumerate() {
             // SAFETY: slot `i` exists; ORT releases it through `release_node_compute_infos`.
-            unsafe {
-                *node_compute_infos.add(i) = Box::into_raw(info).cast::<OrtNodeComputeInfo>()
-            };
+            unsafe { *node_compute_infos.add(i) = Box::into_raw(info).cast::<OrtNodeComputeInfo>() };
         }
         Ok(())
     })
@@ -236,25 +200,18 @@ fn build_plan(graph: *const OrtGraph, fused_node: *const OrtNode) -> Result<Plan
     let mut outputs = Vec::new();
     for v in node_outputs(fused_node)? {
         let v = graph_reader::read_value_info(v)?;
-        let t = v
-            .elem_type
-            .ok_or_else(|| Error::new(format!("partition output '{}' is not a tensor", v.name)))?;
+        let t = v.elem_type.ok_or_else(|| Error::new(format!("partition output '{}' is not a tensor", v.name)))?;
         outputs.push((v.name, t));
     }
 
     let raw = graph_nodes(graph)?;
-    let nodes = raw
-        .iter()
-        .map(|&n| read_node(n))
-        .collect::<Result<Vec<_>>>()?;
+    let nodes = raw.iter().map(|&n| read_node(n)).collect::<Result<Vec<_>>>()?;
     let order = topological_order(&part_nodes(&nodes, |_| true)).map_err(Error::new)?;
 
     // Constant initializers the partition reads are uploaded to MLX once, here.
     let runtime: HashSet<&str> = runtime_inputs.iter().map(String::as_str).collect();
-    let produced: HashSet<&str> = nodes
-        .iter()
-        .flat_map(|n| n.outputs.iter().flatten().map(|v| v.name.as_str()))
-        .collect();
+    let produced: HashSet<&str> =
+        nodes.iter().flat_map(|n| n.outputs.iter().flatten().map(|v| v.name.as_str())).collect();
     let mut constants = HashMap::new();
     for (&node, info) in raw.iter().zip(&nodes) {
         let values: Vec<*const OrtValueInfo> = node_inputs(node)?;
@@ -265,28 +222,16 @@ fn build_plan(graph: *const OrtGraph, fused_node: *const OrtNode) -> Result<Plan
                 continue;
             }
             if !desc.is_constant {
-                return Err(Error::new(format!(
-                    "value '{name}' is neither an input nor a constant of the partition"
-                ))
-                .at_node(&info.name, &info.qualified_op()));
+                return Err(Error::new(format!("value '{name}' is neither an input nor a constant of the partition"))
+                    .at_node(&info.name, &info.qualified_op()));
             }
             constants.insert(name.to_owned(), graph_reader::initializer_array(v, name)?);
         }
     }
 
     let mut nodes: Vec<Option<NodeInfo>> = nodes.into_iter().map(Some).collect();
-    let ordered = order
-        .into_iter()
-        .map(|i| nodes[i].take().expect("each node once"))
-        .collect();
-    Plan::new(
-        name,
-        ordered,
-        runtime_inputs,
-        outputs,
-        constants,
-        registry::global()?,
-    )
+    let ordered = order.into_iter().map(|i| nodes[i].take().expect("each node once")).collect();
+    Plan::new(name, ordered, runtime_inputs, outputs, constants, registry::global()?)
 }
 
 unsafe extern "system" fn release_node_compute_infos(

@@ -3,14 +3,11 @@
 use super::boundary::{guard, guard_value, non_null};
 use super::ep::Ep;
 use super::ep_api;
-use super::tables::{
-    OrtDataTransferImpl, OrtEp, OrtEpFactory, OrtMemoryDevice, OrtSyncStreamImpl, TABLE_VERSION,
-};
+use super::tables::{OrtDataTransferImpl, OrtEp, OrtEpFactory, OrtMemoryDevice, OrtSyncStreamImpl, TABLE_VERSION};
 use crate::{EP_NAME, Error, MIN_ORT_API_VERSION};
 use ort_sys::{
-    OrtAllocator, OrtApiBase, OrtCompiledModelCompatibility, OrtEpDevice, OrtErrorCode,
-    OrtHardwareDevice, OrtHardwareDeviceType, OrtKeyValuePairs, OrtLogger, OrtMemoryInfo,
-    OrtSessionOptions, OrtStatusPtr,
+    OrtAllocator, OrtApiBase, OrtCompiledModelCompatibility, OrtEpDevice, OrtErrorCode, OrtHardwareDevice,
+    OrtHardwareDeviceType, OrtKeyValuePairs, OrtLogger, OrtMemoryInfo, OrtSessionOptions, OrtStatusPtr,
 };
 use std::ffi::{CStr, CString, c_char};
 
@@ -60,10 +57,7 @@ pub unsafe fn create_ep_factories(
         if max_factories < 1 {
             return Err(Error::new("ORT offered no room for a factory"));
         }
-        let factory = Box::new(Factory {
-            table: factory_table(),
-            version: version_string(),
-        });
+        let factory = Box::new(Factory { table: factory_table(), version: version_string() });
         // SAFETY: `factories` has room for `max_factories` >= 1 entries.
         unsafe {
             *factories = Box::into_raw(factory).cast::<OrtEpFactory>();
@@ -86,9 +80,7 @@ fn refuse_old_ort(base: &OrtApiBase) -> OrtStatusPtr {
         let api = unsafe { (base.GetApi)(v) };
         if !api.is_null() {
             // SAFETY: CreateStatus exists in every API version and copies the message.
-            return unsafe {
-                ((*api).CreateStatus)(OrtErrorCode::ORT_NOT_IMPLEMENTED, msg.as_ptr())
-            };
+            return unsafe { ((*api).CreateStatus)(OrtErrorCode::ORT_NOT_IMPLEMENTED, msg.as_ptr()) };
         }
     }
     OrtStatusPtr(std::ptr::null_mut())
@@ -145,9 +137,7 @@ unsafe extern "system" fn get_vendor_id(_this: *const OrtEpFactory) -> u32 {
 
 unsafe extern "system" fn get_version(this: *const OrtEpFactory) -> *const c_char {
     // SAFETY: `this` is our factory.
-    guard_value(c"0.0.0".as_ptr(), || unsafe {
-        (*this.cast::<Factory>()).version.as_ptr()
-    })
+    guard_value(c"0.0.0".as_ptr(), || unsafe { (*this.cast::<Factory>()).version.as_ptr() })
 }
 
 unsafe extern "system" fn get_supported_devices(
@@ -174,15 +164,8 @@ unsafe extern "system" fn get_supported_devices(
             }
             let mut ep_device: *mut OrtEpDevice = std::ptr::null_mut();
             // SAFETY: `this` is our factory; ORT takes ownership of the created device.
-            let status = unsafe {
-                (ep_api().CreateEpDevice)(
-                    this,
-                    device,
-                    std::ptr::null(),
-                    std::ptr::null(),
-                    &mut ep_device,
-                )
-            };
+            let status =
+                unsafe { (ep_api().CreateEpDevice)(this, device, std::ptr::null(), std::ptr::null(), &mut ep_device) };
             super::check_status(status, "CreateEpDevice")?;
             unsafe {
                 *ep_devices = ep_device;
@@ -250,11 +233,7 @@ unsafe extern "system" fn create_allocator(
     })
 }
 
-unsafe extern "system" fn release_allocator(
-    _this: *mut OrtEpFactory,
-    _allocator: *mut OrtAllocator,
-) {
-}
+unsafe extern "system" fn release_allocator(_this: *mut OrtEpFactory, _allocator: *mut OrtAllocator) {}
 
 unsafe extern "system" fn create_data_transfer(
     _this: *mut OrtEpFactory,

@@ -5,9 +5,7 @@ use super::{c_str, ort_call};
 use crate::graph::{AttrValue, ElemType, NodeInfo, ValueInfo};
 use crate::mlx::Array;
 use crate::{Error, Result};
-use ort_sys::{
-    ONNXType, OrtGraph, OrtNode, OrtOpAttr, OrtOpAttrType, OrtTypeInfo, OrtValue, OrtValueInfo,
-};
+use ort_sys::{ONNXType, OrtGraph, OrtNode, OrtOpAttr, OrtOpAttrType, OrtTypeInfo, OrtValue, OrtValueInfo};
 use std::collections::BTreeMap;
 use std::ffi::c_char;
 use std::ptr::{null, null_mut};
@@ -61,32 +59,14 @@ pub fn read_node(node: *const OrtNode) -> Result<NodeInfo> {
     let domain = c_str(p);
     let mut since_version = 0i32;
     ort_call!(Node_GetSinceVersion(node, &mut since_version))?;
-    let inputs = node_inputs(node)?
-        .into_iter()
-        .map(read_optional_value)
-        .collect::<Result<_>>()?;
-    let outputs = node_outputs(node)?
-        .into_iter()
-        .map(read_optional_value)
-        .collect::<Result<_>>()?;
+    let inputs = node_inputs(node)?.into_iter().map(read_optional_value).collect::<Result<_>>()?;
+    let outputs = node_outputs(node)?.into_iter().map(read_optional_value).collect::<Result<_>>()?;
     let attributes = read_attributes(node).map_err(|e| e.at_node(&name, &op_type))?;
-    Ok(NodeInfo {
-        name,
-        op_type,
-        domain,
-        since_version,
-        inputs,
-        outputs,
-        attributes,
-    })
+    Ok(NodeInfo { name, op_type, domain, since_version, inputs, outputs, attributes })
 }
 
 fn read_optional_value(v: *const OrtValueInfo) -> Result<Option<ValueInfo>> {
-    if v.is_null() {
-        Ok(None)
-    } else {
-        read_value_info(v).map(Some)
-    }
+    if v.is_null() { Ok(None) } else { read_value_info(v).map(Some) }
 }
 
 /// Reads a value info: name, element type, shape, and whether it is a constant initializer.
@@ -97,19 +77,10 @@ pub fn read_value_info(v: *const OrtValueInfo) -> Result<ValueInfo> {
     // An empty name marks an omitted optional value.
     let mut type_info: *const OrtTypeInfo = null();
     ort_call!(GetValueInfoTypeInfo(v, &mut type_info))?;
-    let (elem_type, shape) = if type_info.is_null() {
-        (None, None)
-    } else {
-        read_tensor_type(type_info)?
-    };
+    let (elem_type, shape) = if type_info.is_null() { (None, None) } else { read_tensor_type(type_info)? };
     let mut is_constant = false;
     ort_call!(ValueInfo_IsConstantInitializer(v, &mut is_constant))?;
-    Ok(ValueInfo {
-        name,
-        elem_type,
-        shape,
-        is_constant,
-    })
+    Ok(ValueInfo { name, elem_type, shape, is_constant })
 }
 
 type TensorType = (Option<ElemType>, Option<Vec<Option<i64>>>);
@@ -139,10 +110,7 @@ fn read_tensor_type(type_info: *const OrtTypeInfo) -> Result<TensorType> {
     if rank > 0 {
         ort_call!(GetDimensions(info, dims.as_mut_ptr(), rank))?;
     }
-    Ok((
-        Some(elem_type),
-        Some(dims.into_iter().map(|d| (d >= 0).then_some(d)).collect()),
-    ))
+    Ok((Some(elem_type), Some(dims.into_iter().map(|d| (d >= 0).then_some(d)).collect())))
 }
 
 fn read_attributes(node: *const OrtNode) -> Result<BTreeMap<String, AttrValue>> {
@@ -164,17 +132,13 @@ fn read_attributes(node: *const OrtNode) -> Result<BTreeMap<String, AttrValue>> 
             OrtOpAttrType::ORT_OP_ATTR_FLOAT => AttrValue::Float(read_scalar::<f32>(a, ty)?),
             OrtOpAttrType::ORT_OP_ATTR_INTS => AttrValue::Ints(pod_vec(&read_bytes(a, ty)?)),
             OrtOpAttrType::ORT_OP_ATTR_FLOATS => AttrValue::Floats(pod_vec(&read_bytes(a, ty)?)),
-            OrtOpAttrType::ORT_OP_ATTR_STRING => AttrValue::String(
-                String::from_utf8_lossy(&read_bytes(a, ty)?)
-                    .trim_end_matches('\0')
-                    .to_owned(),
-            ),
+            OrtOpAttrType::ORT_OP_ATTR_STRING => {
+                AttrValue::String(String::from_utf8_lossy(&read_bytes(a, ty)?).trim_end_matches('\0').to_owned())
+            }
             OrtOpAttrType::ORT_OP_ATTR_STRINGS => {
                 let bytes = read_bytes(a, ty)?;
-                let mut parts: Vec<String> = bytes
-                    .split(|&b| b == 0)
-                    .map(|s| String::from_utf8_lossy(s).into_owned())
-                    .collect();
+                let mut parts: Vec<String> =
+                    bytes.split(|&b| b == 0).map(|s| String::from_utf8_lossy(s).into_owned()).collect();
                 if bytes.last() == Some(&0) {
                     parts.pop();
                 }
@@ -192,13 +156,7 @@ fn read_attributes(node: *const OrtNode) -> Result<BTreeMap<String, AttrValue>> 
 fn read_scalar<T: Default + Copy>(a: *const OrtOpAttr, ty: OrtOpAttrType) -> Result<T> {
     let mut v = T::default();
     let mut written = 0usize;
-    ort_call!(ReadOpAttr(
-        a,
-        ty,
-        (&mut v as *mut T).cast(),
-        std::mem::size_of::<T>(),
-        &mut written
-    ))?;
+    ort_call!(ReadOpAttr(a, ty, (&mut v as *mut T).cast(), std::mem::size_of::<T>(), &mut written))?;
     Ok(v)
 }
 
@@ -220,13 +178,7 @@ fn pod_vec<T: Copy + Default>(bytes: &[u8]) -> Vec<T> {
     let n = bytes.len() / std::mem::size_of::<T>();
     let mut v = vec![T::default(); n];
     // SAFETY: `v` has room for exactly `n * size_of::<T>()` bytes; T is plain data (i64/f32).
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            bytes.as_ptr(),
-            v.as_mut_ptr().cast::<u8>(),
-            n * std::mem::size_of::<T>(),
-        )
-    };
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), n * std::mem::size_of::<T>()) };
     v
 }
 
@@ -245,15 +197,9 @@ pub unsafe fn tensor_ref<'a>(value: *const OrtValue) -> Result<TensorRef<'a>> {
     let mut elem = ort_sys::ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
     let mut dims: *const i64 = null();
     let mut rank = 0usize;
-    ort_call!(GetTensorElementTypeAndShapeDataReference(
-        value, &mut elem, &mut dims, &mut rank
-    ))?;
+    ort_call!(GetTensorElementTypeAndShapeDataReference(value, &mut elem, &mut dims, &mut rank))?;
     // SAFETY: ORT returns `rank` dims valid while the value lives.
-    let shape = if rank == 0 {
-        Vec::new()
-    } else {
-        unsafe { std::slice::from_raw_parts(dims, rank) }.to_vec()
-    };
+    let shape = if rank == 0 { Vec::new() } else { unsafe { std::slice::from_raw_parts(dims, rank) }.to_vec() };
     let mut size = 0usize;
     ort_call!(GetTensorSizeInBytes(value, &mut size))?;
     let mut data: *const std::ffi::c_void = null();
@@ -264,11 +210,7 @@ pub unsafe fn tensor_ref<'a>(value: *const OrtValue) -> Result<TensorRef<'a>> {
         // SAFETY: the tensor's buffer holds `size` bytes while the value lives.
         unsafe { std::slice::from_raw_parts(data.cast::<u8>(), size) }
     };
-    Ok(TensorRef {
-        elem_type: ElemType::from_onnx(elem as i32),
-        shape,
-        bytes,
-    })
+    Ok(TensorRef { elem_type: ElemType::from_onnx(elem as i32), shape, bytes })
 }
 
 /// Copies a tensor value into a new MLX array.
@@ -278,12 +220,10 @@ pub unsafe fn tensor_ref<'a>(value: *const OrtValue) -> Result<TensorRef<'a>> {
 pub unsafe fn tensor_to_array(value: *const OrtValue, what: &str) -> Result<Array> {
     // SAFETY: per the caller.
     let t = unsafe { tensor_ref(value)? };
-    let dtype = t.elem_type.to_mlx().ok_or_else(|| {
-        Error::new(format!(
-            "{what} has element type {:?}, which MLX cannot hold",
-            t.elem_type
-        ))
-    })?;
+    let dtype = t
+        .elem_type
+        .to_mlx()
+        .ok_or_else(|| Error::new(format!("{what} has element type {:?}, which MLX cannot hold", t.elem_type)))?;
     Ok(Array::from_bytes(t.bytes, &t.shape, dtype)?)
 }
 

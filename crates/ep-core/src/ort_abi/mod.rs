@@ -50,15 +50,11 @@ pub(crate) unsafe fn set_api(ort: *const OrtApi) -> Result<()> {
 }
 
 pub(crate) fn api() -> &'static OrtApi {
-    APIS.get()
-        .expect("ORT API used before CreateEpFactories")
-        .ort
+    APIS.get().expect("ORT API used before CreateEpFactories").ort
 }
 
 pub(crate) fn ep_api() -> &'static tables::OrtEpApi {
-    APIS.get()
-        .expect("ORT EP API used before CreateEpFactories")
-        .ep
+    APIS.get().expect("ORT EP API used before CreateEpFactories").ep
 }
 
 /// Turns a returned status into a `Result`, releasing it.
@@ -70,11 +66,8 @@ pub(crate) fn check_status(status: OrtStatusPtr, what: &str) -> Result<()> {
     // SAFETY: a non-null status from ORT; read then released exactly once.
     let msg = unsafe {
         let m = (api.GetErrorMessage)(status.0);
-        let msg = if m.is_null() {
-            String::from("(no message)")
-        } else {
-            CStr::from_ptr(m).to_string_lossy().into_owned()
-        };
+        let msg =
+            if m.is_null() { String::from("(no message)") } else { CStr::from_ptr(m).to_string_lossy().into_owned() };
         (api.ReleaseStatus)(status.0);
         msg
     };

@@ -7,9 +7,8 @@
 #![allow(non_snake_case, non_camel_case_types)]
 
 use ort_sys::{
-    OrtAllocator, OrtCompiledModelCompatibility, OrtEpDevice, OrtGraph, OrtHardwareDevice,
-    OrtKernelContext, OrtKeyValuePairs, OrtLogger, OrtMemoryInfo, OrtNode, OrtRunOptions,
-    OrtSessionOptions, OrtStatusPtr,
+    OrtAllocator, OrtCompiledModelCompatibility, OrtEpDevice, OrtGraph, OrtHardwareDevice, OrtKernelContext,
+    OrtKeyValuePairs, OrtLogger, OrtMemoryInfo, OrtNode, OrtRunOptions, OrtSessionOptions, OrtStatusPtr,
 };
 use std::ffi::{c_char, c_int, c_void};
 
@@ -53,12 +52,9 @@ pub struct OrtEpApi {
         num_nodes: usize,
         node_fusion_options: *const OrtNodeFusionOptions,
     ) -> OrtStatusPtr,
-    pub EpGraphSupportInfo_AddSingleNode: unsafe extern "system" fn(
-        graph_support_info: *mut OrtEpGraphSupportInfo,
-        node: *const OrtNode,
-    ) -> OrtStatusPtr,
-    pub NodeComputeContext_NodeName:
-        unsafe extern "system" fn(context: *const OrtNodeComputeContext) -> *const c_char,
+    pub EpGraphSupportInfo_AddSingleNode:
+        unsafe extern "system" fn(graph_support_info: *mut OrtEpGraphSupportInfo, node: *const OrtNode) -> OrtStatusPtr,
+    pub NodeComputeContext_NodeName: unsafe extern "system" fn(context: *const OrtNodeComputeContext) -> *const c_char,
 }
 
 #[repr(C)]
@@ -84,9 +80,7 @@ pub struct OrtNodeComputeInfo {
             kernel_context: *mut OrtKernelContext,
         ) -> OrtStatusPtr,
     >,
-    pub ReleaseState: Option<
-        unsafe extern "system" fn(this_ptr: *mut OrtNodeComputeInfo, compute_state: *mut c_void),
-    >,
+    pub ReleaseState: Option<unsafe extern "system" fn(this_ptr: *mut OrtNodeComputeInfo, compute_state: *mut c_void)>,
 }
 
 #[repr(C)]
@@ -111,17 +105,10 @@ pub struct OrtEp {
         ) -> OrtStatusPtr,
     >,
     pub ReleaseNodeComputeInfos: Option<
-        unsafe extern "system" fn(
-            this_ptr: *mut OrtEp,
-            node_compute_infos: *mut *mut OrtNodeComputeInfo,
-            count: usize,
-        ),
+        unsafe extern "system" fn(this_ptr: *mut OrtEp, node_compute_infos: *mut *mut OrtNodeComputeInfo, count: usize),
     >,
     pub GetPreferredDataLayout: Option<
-        unsafe extern "system" fn(
-            this_ptr: *mut OrtEp,
-            preferred_data_layout: *mut OrtEpDataLayout,
-        ) -> OrtStatusPtr,
+        unsafe extern "system" fn(this_ptr: *mut OrtEp, preferred_data_layout: *mut OrtEpDataLayout) -> OrtStatusPtr,
     >,
     pub ShouldConvertDataLayoutForOp: Option<
         unsafe extern "system" fn(
@@ -140,12 +127,8 @@ pub struct OrtEp {
             num_options: usize,
         ) -> OrtStatusPtr,
     >,
-    pub OnRunStart: Option<
-        unsafe extern "system" fn(
-            this_ptr: *mut OrtEp,
-            run_options: *const OrtRunOptions,
-        ) -> OrtStatusPtr,
-    >,
+    pub OnRunStart:
+        Option<unsafe extern "system" fn(this_ptr: *mut OrtEp, run_options: *const OrtRunOptions) -> OrtStatusPtr>,
     pub OnRunEnd: Option<
         unsafe extern "system" fn(
             this_ptr: *mut OrtEp,
@@ -167,26 +150,20 @@ pub struct OrtEp {
             stream: *mut *mut OrtSyncStreamImpl,
         ) -> OrtStatusPtr,
     >,
-    pub GetCompiledModelCompatibilityInfo: Option<
-        unsafe extern "system" fn(this_ptr: *mut OrtEp, graph: *const OrtGraph) -> *const c_char,
-    >,
+    pub GetCompiledModelCompatibilityInfo:
+        Option<unsafe extern "system" fn(this_ptr: *mut OrtEp, graph: *const OrtGraph) -> *const c_char>,
     pub GetKernelRegistry: Option<
-        unsafe extern "system" fn(
-            this_ptr: *mut OrtEp,
-            kernel_registry: *mut *const OrtKernelRegistry,
-        ) -> OrtStatusPtr,
+        unsafe extern "system" fn(this_ptr: *mut OrtEp, kernel_registry: *mut *const OrtKernelRegistry) -> OrtStatusPtr,
     >,
-    pub IsConcurrentRunSupported: Option<
-        unsafe extern "system" fn(this_ptr: *mut OrtEp, is_supported: *mut bool) -> OrtStatusPtr,
-    >,
+    pub IsConcurrentRunSupported:
+        Option<unsafe extern "system" fn(this_ptr: *mut OrtEp, is_supported: *mut bool) -> OrtStatusPtr>,
 }
 
 #[repr(C)]
 pub struct OrtEpFactory {
     pub ort_version_supported: u32,
     pub GetName: Option<unsafe extern "system" fn(this_ptr: *const OrtEpFactory) -> *const c_char>,
-    pub GetVendor:
-        Option<unsafe extern "system" fn(this_ptr: *const OrtEpFactory) -> *const c_char>,
+    pub GetVendor: Option<unsafe extern "system" fn(this_ptr: *const OrtEpFactory) -> *const c_char>,
     pub GetSupportedDevices: Option<
         unsafe extern "system" fn(
             this_ptr: *mut OrtEpFactory,
@@ -210,8 +187,7 @@ pub struct OrtEpFactory {
     >,
     pub ReleaseEp: Option<unsafe extern "system" fn(this_ptr: *mut OrtEpFactory, ep: *mut OrtEp)>,
     pub GetVendorId: Option<unsafe extern "system" fn(this_ptr: *const OrtEpFactory) -> u32>,
-    pub GetVersion:
-        Option<unsafe extern "system" fn(this_ptr: *const OrtEpFactory) -> *const c_char>,
+    pub GetVersion: Option<unsafe extern "system" fn(this_ptr: *const OrtEpFactory) -> *const c_char>,
     pub ValidateCompiledModelCompatibilityInfo: Option<
         unsafe extern "system" fn(
             this_ptr: *mut OrtEpFactory,
@@ -229,9 +205,7 @@ pub struct OrtEpFactory {
             allocator: *mut *mut OrtAllocator,
         ) -> OrtStatusPtr,
     >,
-    pub ReleaseAllocator: Option<
-        unsafe extern "system" fn(this_ptr: *mut OrtEpFactory, allocator: *mut OrtAllocator),
-    >,
+    pub ReleaseAllocator: Option<unsafe extern "system" fn(this_ptr: *mut OrtEpFactory, allocator: *mut OrtAllocator)>,
     pub CreateDataTransfer: Option<
         unsafe extern "system" fn(
             this_ptr: *mut OrtEpFactory,
@@ -261,12 +235,8 @@ pub struct OrtEpFactory {
             out_importer: *mut *mut c_void,
         ) -> OrtStatusPtr,
     >,
-    pub GetNumCustomOpDomains: Option<
-        unsafe extern "system" fn(
-            this_ptr: *mut OrtEpFactory,
-            num_domains: *mut usize,
-        ) -> OrtStatusPtr,
-    >,
+    pub GetNumCustomOpDomains:
+        Option<unsafe extern "system" fn(this_ptr: *mut OrtEpFactory, num_domains: *mut usize) -> OrtStatusPtr>,
     pub GetCustomOpDomains: Option<
         unsafe extern "system" fn(
             this_ptr: *mut OrtEpFactory,
