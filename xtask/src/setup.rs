@@ -3,8 +3,8 @@
 //!
 //! - `venv/`: a Python environment with the pinned wheels of `python/requirements.txt` and the
 //!   MLX runtime wheel (`mlx-cpu`, `mlx-cuda-13` with `--cuda`, `mlx-metal` on macOS);
-//! - `mlx` -> the wheel's MLX prefix (`include/`, `lib/libmlx`), read by `crates/mlx-sys`
-//!   unless `MLX_PREFIX` points at another MLX build;
+//! - `mlx` -> the MLX prefix (`include/`, `lib/libmlx`): the wheel's, or `$MLX_PREFIX` when set
+//!   (your own MLX build); `crates/mlx-sys` compiles against it and binaries find libmlx there;
 //! - `lib/libonnxruntime.so` -> ONNX Runtime's library from the wheel (`ORT_DYLIB_PATH`);
 //! - `libclang` -> the `libclang` wheel's library directory, for bindgen (`LIBCLANG_PATH`);
 //! - `mlx-c/`: mlx-c's sources, copied out of its crates.io packaging, which cargo downloads.
@@ -95,9 +95,13 @@ fn site_packages() -> Result<PathBuf> {
 }
 
 fn link_runtime_libraries(home: &Path, site: &Path) -> Result {
-    let mlx = site.join("mlx");
+    // MLX_PREFIX (an MLX build of the user's own) wins over the wheel.
+    let (mlx, origin) = match std::env::var_os("MLX_PREFIX") {
+        Some(p) => (PathBuf::from(p), "MLX_PREFIX"),
+        None => (site.join("mlx"), "the MLX wheel"),
+    };
     if !mlx.join("include/mlx/mlx.h").exists() {
-        return Err(format!("the MLX wheel has no headers at {}", mlx.join("include/mlx").display()));
+        return Err(format!("{origin} has no MLX headers at {}", mlx.join("include/mlx").display()));
     }
     relink(&mlx, &home.join("mlx"))?;
 

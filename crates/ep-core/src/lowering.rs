@@ -2,7 +2,7 @@
 //!
 //! An op is one type implementing [`Lowering`] plus one [`register_lowering!`] line:
 //!
-//! ```no_run
+//! ```ignore
 //! use ep_core::{Decline, LowerCtx, Lowering, NodeInfo, Result, mlx};
 //!
 //! struct Exp;
