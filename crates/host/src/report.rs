@@ -62,9 +62,12 @@ pub struct OutputDiff {
     pub within_tolerance: bool,
 }
 
+/// A model input as generated: name, element type, shape.
+pub type InputDesc = (String, String, Vec<i64>);
+
 pub struct Report {
     pub model: String,
-    pub inputs: Vec<(String, String, Vec<i64>)>,
+    pub inputs: Vec<InputDesc>,
     pub cpu: EpRun,
     pub mlx: EpRun,
     pub diffs: Vec<OutputDiff>,
@@ -92,7 +95,7 @@ fn within(a: &HostTensor, b: &HostTensor) -> bool {
     a.values.iter().zip(&b.values).all(|(&x, &y)| (x.is_nan() && y.is_nan()) || (x - y).abs() <= atol + rtol * y.abs())
 }
 
-fn run_on(source: &Source, ep: Ep, opts: &Options) -> Result<(EpRun, Vec<(String, String, Vec<i64>)>)> {
+fn run_on(source: &Source, ep: Ep, opts: &Options) -> Result<(EpRun, Vec<InputDesc>)> {
     let mut session = source.session(ep)?;
     let assignment = assignment(&session)?;
     let inputs = values::random_inputs(&session, &opts.dims, opts.seed)?;

@@ -13,7 +13,6 @@ use ort_sys::{OrtGraph, OrtNode, OrtSessionOptions, OrtStatusPtr, OrtValueInfo};
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, c_char};
 
-const NAME: &CStr = c"MLXExecutionProvider";
 const COMPAT: &CStr = c"onnxruntime-mlx";
 
 /// One EP instance (one per session); `table` must stay the first field.
@@ -53,7 +52,7 @@ impl Ep {
 }
 
 unsafe extern "system" fn get_name(_this: *const OrtEp) -> *const c_char {
-    NAME.as_ptr()
+    super::EP_NAME_C.as_ptr()
 }
 
 unsafe extern "system" fn compatibility_info(_this: *mut OrtEp, _graph: *const OrtGraph) -> *const c_char {

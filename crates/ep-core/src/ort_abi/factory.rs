@@ -11,7 +11,6 @@ use ort_sys::{
 };
 use std::ffi::{CStr, CString, c_char};
 
-const NAME: &CStr = c"MLXExecutionProvider";
 const VENDOR: &CStr = c"onnxruntime-mlx";
 
 /// The factory ORT holds; `table` must stay the first field (ORT sees a pointer to it).
@@ -124,7 +123,7 @@ fn factory_table() -> OrtEpFactory {
 }
 
 unsafe extern "system" fn get_name(_this: *const OrtEpFactory) -> *const c_char {
-    NAME.as_ptr()
+    super::EP_NAME_C.as_ptr()
 }
 
 unsafe extern "system" fn get_vendor(_this: *const OrtEpFactory) -> *const c_char {

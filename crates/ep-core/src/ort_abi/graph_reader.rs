@@ -10,47 +10,43 @@ use std::collections::BTreeMap;
 use std::ffi::c_char;
 use std::ptr::{null, null_mut};
 
-/// The graph's nodes, in ORT's order.
-pub fn graph_nodes(graph: *const OrtGraph) -> Result<Vec<*const OrtNode>> {
+/// Reads an ORT list: `count` reports its length, `fill` writes that many entries.
+fn read_list<T>(
+    count: impl FnOnce(&mut usize) -> Result<()>,
+    fill: impl FnOnce(*mut *const T, usize) -> Result<()>,
+) -> Result<Vec<*const T>> {
     let mut n = 0usize;
-    ort_call!(Graph_GetNumNodes(graph, &mut n))?;
-    let mut nodes = vec![null::<OrtNode>(); n];
+    count(&mut n)?;
+    let mut items = vec![null::<T>(); n];
     if n > 0 {
-        ort_call!(Graph_GetNodes(graph, nodes.as_mut_ptr(), n))?;
+        fill(items.as_mut_ptr(), n)?;
     }
-    Ok(nodes)
+    Ok(items)
+}
+
+/// The graph's nodes, in ORT's order.
+pub(crate) fn graph_nodes(graph: *const OrtGraph) -> Result<Vec<*const OrtNode>> {
+    read_list(|n| ort_call!(Graph_GetNumNodes(graph, n)), |p, n| ort_call!(Graph_GetNodes(graph, p, n)))
 }
 
 /// A node's input value infos (null entries for omitted optional inputs).
-pub fn node_inputs(node: *const OrtNode) -> Result<Vec<*const OrtValueInfo>> {
-    let mut n = 0usize;
-    ort_call!(Node_GetNumInputs(node, &mut n))?;
-    let mut v = vec![null::<OrtValueInfo>(); n];
-    if n > 0 {
-        ort_call!(Node_GetInputs(node, v.as_mut_ptr(), n))?;
-    }
-    Ok(v)
+pub(crate) fn node_inputs(node: *const OrtNode) -> Result<Vec<*const OrtValueInfo>> {
+    read_list(|n| ort_call!(Node_GetNumInputs(node, n)), |p, n| ort_call!(Node_GetInputs(node, p, n)))
 }
 
 /// A node's output value infos (null entries for omitted optional outputs).
-pub fn node_outputs(node: *const OrtNode) -> Result<Vec<*const OrtValueInfo>> {
-    let mut n = 0usize;
-    ort_call!(Node_GetNumOutputs(node, &mut n))?;
-    let mut v = vec![null::<OrtValueInfo>(); n];
-    if n > 0 {
-        ort_call!(Node_GetOutputs(node, v.as_mut_ptr(), n))?;
-    }
-    Ok(v)
+pub(crate) fn node_outputs(node: *const OrtNode) -> Result<Vec<*const OrtValueInfo>> {
+    read_list(|n| ort_call!(Node_GetNumOutputs(node, n)), |p, n| ort_call!(Node_GetOutputs(node, p, n)))
 }
 
-pub fn node_name(node: *const OrtNode) -> Result<String> {
+pub(crate) fn node_name(node: *const OrtNode) -> Result<String> {
     let mut p: *const c_char = null();
     ort_call!(Node_GetName(node, &mut p))?;
     Ok(c_str(p))
 }
 
 /// Reads one node: identity, typed attributes, and its inputs' and outputs' value infos.
-pub fn read_node(node: *const OrtNode) -> Result<NodeInfo> {
+pub(crate) fn read_node(node: *const OrtNode) -> Result<NodeInfo> {
     let name = node_name(node)?;
     let mut p: *const c_char = null();
     ort_call!(Node_GetOperatorType(node, &mut p))?;
@@ -70,7 +66,7 @@ fn read_optional_value(v: *const OrtValueInfo) -> Result<Option<ValueInfo>> {
 }
 
 /// Reads a value info: name, element type, shape, and whether it is a constant initializer.
-pub fn read_value_info(v: *const OrtValueInfo) -> Result<ValueInfo> {
+pub(crate) fn read_value_info(v: *const OrtValueInfo) -> Result<ValueInfo> {
     let mut p: *const c_char = null();
     ort_call!(GetValueInfoName(v, &mut p))?;
     let name = c_str(p);
@@ -114,12 +110,8 @@ fn read_tensor_type(type_info: *const OrtTypeInfo) -> Result<TensorType> {
 }
 
 fn read_attributes(node: *const OrtNode) -> Result<BTreeMap<String, AttrValue>> {
-    let mut n = 0usize;
-    ort_call!(Node_GetNumAttributes(node, &mut n))?;
-    let mut attrs = vec![null::<OrtOpAttr>(); n];
-    if n > 0 {
-        ort_call!(Node_GetAttributes(node, attrs.as_mut_ptr(), n))?;
-    }
+    let attrs =
+        read_list(|n| ort_call!(Node_GetNumAttributes(node, n)), |p, n| ort_call!(Node_GetAttributes(node, p, n)))?;
     let mut out = BTreeMap::new();
     for a in attrs {
         let mut p: *const c_char = null();
@@ -183,7 +175,7 @@ fn pod_vec<T: Copy + Default>(bytes: &[u8]) -> Vec<T> {
 }
 
 /// Element type, shape and bytes of a tensor `OrtValue` (borrowed from ORT for the call).
-pub struct TensorRef<'a> {
+pub(crate) struct TensorRef<'a> {
     pub elem_type: ElemType,
     pub shape: Vec<i64>,
     pub bytes: &'a [u8],
@@ -193,7 +185,7 @@ pub struct TensorRef<'a> {
 ///
 /// # Safety
 /// `value` must be a valid tensor `OrtValue` that outlives the returned reference.
-pub unsafe fn tensor_ref<'a>(value: *const OrtValue) -> Result<TensorRef<'a>> {
+pub(crate) unsafe fn tensor_ref<'a>(value: *const OrtValue) -> Result<TensorRef<'a>> {
     let mut elem = ort_sys::ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
     let mut dims: *const i64 = null();
     let mut rank = 0usize;
@@ -217,7 +209,7 @@ pub unsafe fn tensor_ref<'a>(value: *const OrtValue) -> Result<TensorRef<'a>> {
 ///
 /// # Safety
 /// `value` must be a valid tensor `OrtValue`.
-pub unsafe fn tensor_to_array(value: *const OrtValue, what: &str) -> Result<Array> {
+pub(crate) unsafe fn tensor_to_array(value: *const OrtValue, what: &str) -> Result<Array> {
     // SAFETY: per the caller.
     let t = unsafe { tensor_ref(value)? };
     let dtype = t
@@ -228,7 +220,7 @@ pub unsafe fn tensor_to_array(value: *const OrtValue, what: &str) -> Result<Arra
 }
 
 /// The data of a constant initializer, as an MLX array.
-pub fn initializer_array(v: *const OrtValueInfo, name: &str) -> Result<Array> {
+pub(crate) fn initializer_array(v: *const OrtValueInfo, name: &str) -> Result<Array> {
     let mut value: *const OrtValue = null();
     ort_call!(ValueInfo_GetInitializerValue(v, &mut value))?;
     if value.is_null() {

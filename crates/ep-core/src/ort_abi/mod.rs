@@ -8,16 +8,19 @@
 //!   releases it.
 //! - ORT's graph objects are read during the call that hands them over and never kept.
 
-pub mod boundary;
-pub mod compute;
-pub mod ep;
+pub(crate) mod boundary;
+pub(crate) mod compute;
+pub(crate) mod ep;
 pub mod factory;
-pub mod graph_reader;
+pub(crate) mod graph_reader;
 pub mod tables;
 
 use crate::{Error, Result};
 use ort_sys::{OrtApi, OrtErrorCode, OrtStatusPtr};
 use std::ffi::{CStr, CString, c_char};
+
+/// [`crate::EP_NAME`] as the C string ORT reads.
+pub(crate) const EP_NAME_C: &CStr = c"MLXExecutionProvider";
 use std::sync::OnceLock;
 
 struct Apis {
@@ -104,5 +107,13 @@ pub(crate) fn c_str(p: *const c_char) -> String {
     } else {
         // SAFETY: ORT returns NUL-terminated strings valid during the call.
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_c_name_is_the_ep_name() {
+        assert_eq!(super::EP_NAME_C.to_str(), Ok(crate::EP_NAME));
     }
 }
