@@ -1,5 +1,5 @@
-//! `cargo xtask test`: everything CI runs, in order: setup, build, `cargo test --workspace`,
-//! then the Python check against the wheel's ONNX Runtime.
+//! `cargo xtask test`: everything CI runs, in order: setup, a trimmed plugin build, the
+//! workspace build, `cargo test --workspace`, then the Python check against the wheel's ORT.
 
 use crate::setup;
 use crate::util::{self, Result, step};
@@ -10,8 +10,21 @@ pub fn run(args: &[String]) -> Result {
         return Err(format!("test: unknown option `{a}`"));
     }
     setup::ensure(false)?;
-    step("building the plugin");
-    util::run(util::cargo().args(["build", "-p", "onnxruntime-mlx-ep"]))?;
+    step("building a trimmed plugin (elementwise family only) into target/debug/trimmed");
+    util::run(util::cargo().args([
+        "build",
+        "-p",
+        "onnxruntime-mlx-ep",
+        "--no-default-features",
+        "--features",
+        "elementwise",
+    ]))?;
+    let trimmed = util::target_dir().join("debug/trimmed");
+    std::fs::create_dir_all(&trimmed).map_err(|e| format!("creating {}: {e}", trimmed.display()))?;
+    std::fs::copy(util::plugin_path("debug"), trimmed.join(util::plugin_file_name()))
+        .map_err(|e| format!("copying the trimmed plugin: {e}"))?;
+    step("building the workspace (full plugin, example plugin, tools)");
+    util::run(util::cargo().args(["build", "--workspace"]))?;
     step("cargo test --workspace");
     util::run(util::cargo().args(["test", "--workspace"]).env("ORT_MLX_EP_LIB", util::plugin_path("debug")))?;
     step("Python check (onnxruntime wheel + plugin)");

@@ -12,6 +12,7 @@
 
 pub mod error;
 pub mod exec;
+mod export;
 pub mod graph;
 pub mod lowering;
 pub mod mlx;
@@ -27,6 +28,8 @@ pub use lowering::{Decline, LowerCtx, Lowering};
 
 #[doc(hidden)]
 pub use linkme;
+#[doc(hidden)]
+pub use ort_sys;
 
 /// The execution provider's name as ORT reports it.
 pub const EP_NAME: &str = "MLXExecutionProvider";

@@ -55,23 +55,45 @@ fn check_ort_library() -> Result<()> {
     }
 }
 
-/// The process's ORT environment with the plugin registered (created on first use).
+static ENV: OnceLock<std::result::Result<(Environment, PathBuf), String>> = OnceLock::new();
+
+/// The process's ORT environment: the one already created, else a new one with the plugin
+/// from [`plugin_path`] registered.
 pub fn environment() -> Result<&'static Environment> {
-    static ENV: OnceLock<std::result::Result<Environment, String>> = OnceLock::new();
-    ENV.get_or_init(|| {
-        let setup = || -> Result<Environment> {
-            check_ort_library()?;
-            let env = ort::init().with_name("mlx-ep-host").build()?;
-            env.register_ep_library("MLX", plugin_path()?)?;
-            if !env.devices().any(|d| d.ep().is_ok_and(|n| n == MLX_EP)) {
-                return Err(format!("the plugin registered no {MLX_EP} device").into());
-            }
-            Ok(env)
-        };
-        setup().map_err(|e| e.to_string())
-    })
-    .as_ref()
-    .map_err(|e| Error::from(e.clone()))
+    if let Some(done) = ENV.get() {
+        return done.as_ref().map(|(env, _)| env).map_err(|e| Error::from(e.clone()));
+    }
+    environment_with_plugin(&plugin_path()?)
+}
+
+/// The process's ORT environment with the plugin library at `plugin` registered. ORT allows
+/// one environment per process: the first call decides the library, and a later call naming
+/// another library is an error.
+pub fn environment_with_plugin(plugin: &std::path::Path) -> Result<&'static Environment> {
+    let (env, registered) = ENV
+        .get_or_init(|| {
+            let setup = || -> Result<Environment> {
+                check_ort_library()?;
+                let env = ort::init().with_name("mlx-ep-host").build()?;
+                env.register_ep_library("MLX", plugin)?;
+                if !env.devices().any(|d| d.ep().is_ok_and(|n| n == MLX_EP)) {
+                    return Err(format!("the plugin registered no {MLX_EP} device").into());
+                }
+                Ok(env)
+            };
+            setup().map(|env| (env, plugin.to_path_buf())).map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| Error::from(e.clone()))?;
+    if registered != plugin {
+        return Err(format!(
+            "this process already registered {}; cannot switch to {}",
+            registered.display(),
+            plugin.display()
+        )
+        .into());
+    }
+    Ok(env)
 }
 
 /// Which execution provider a session should use.

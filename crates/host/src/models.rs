@@ -62,6 +62,17 @@ pub fn graph_model(
     weights: &[(&str, &[i64])],
     nodes: Vec<Node>,
 ) -> Result<Model> {
+    graph_model_with_opsets(&[(ONNX_DOMAIN, opset)], inputs, outputs, weights, nodes)
+}
+
+/// [`graph_model`] importing several domains, as `(domain, version)` pairs.
+pub fn graph_model_with_opsets(
+    opsets: &[(&str, u32)],
+    inputs: &[Io<'_>],
+    outputs: &[Io<'_>],
+    weights: &[(&str, &[i64])],
+    nodes: Vec<Node>,
+) -> Result<Model> {
     let mut graph = Graph::new()?;
     graph.set_inputs(inputs.iter().map(|(n, t, s)| Outlet::new(*n, tensor_type(*t, s))))?;
     graph.set_outputs(outputs.iter().map(|(n, t, s)| Outlet::new(*n, tensor_type(*t, s))))?;
@@ -71,7 +82,8 @@ pub fn graph_model(
     for node in nodes {
         graph.add_node(node)?;
     }
-    let mut model = Model::new([Opset::new(ONNX_DOMAIN, opset)?])?;
+    let opsets = opsets.iter().map(|(d, v)| Opset::new(d, *v)).collect::<ort::Result<Vec<_>>>()?;
+    let mut model = Model::new(opsets)?;
     model.set_graph(graph)?;
     Ok(model)
 }
@@ -84,5 +96,17 @@ pub fn node(
     outputs: &[&str],
     attributes: Vec<ort::operator::Attribute>,
 ) -> Result<Node> {
-    Ok(Node::new(op, ONNX_DOMAIN, name, inputs, outputs, attributes)?)
+    domain_node("", op, name, inputs, outputs, attributes)
+}
+
+/// A node of any domain.
+pub fn domain_node(
+    domain: &str,
+    op: &str,
+    name: &str,
+    inputs: &[&str],
+    outputs: &[&str],
+    attributes: Vec<ort::operator::Attribute>,
+) -> Result<Node> {
+    Ok(Node::new(op, domain, name, inputs, outputs, attributes)?)
 }

@@ -1,5 +1,11 @@
 //! The registry of the full plugin holds exactly the lowerings in `registered-ops.txt`.
-#![cfg(all(feature = "elementwise", feature = "attention", feature = "quant", feature = "controlflow"))]
+#![cfg(all(
+    feature = "elementwise",
+    feature = "nn",
+    feature = "attention",
+    feature = "quant",
+    feature = "controlflow"
+))]
 
 fn describe((domain, op, opsets): &(String, String, std::ops::RangeInclusive<i32>)) -> String {
     let name = if domain.is_empty() { op.clone() } else { format!("{domain}:{op}") };

@@ -1,0 +1,51 @@
+//! [`export_plugin!`]: defines the two C functions ORT looks up in a plugin library.
+
+/// Defines `CreateEpFactories` and `ReleaseEpFactory` in the calling `cdylib` crate.
+///
+/// Each argument is an expression evaluated on every `CreateEpFactories` call before the
+/// factory is created, typically the `link()` functions of the op crates the library bundles:
+/// referencing them keeps their registrations from being dropped by the linker.
+///
+/// ```ignore
+/// ep_core::export_plugin!(ops_elementwise::link(), my_ops::link());
+/// ```
+///
+/// Invoke it once per library, in the `cdylib` crate itself (never in a crate others link).
+#[macro_export]
+macro_rules! export_plugin {
+    ($($link:expr),* $(,)?) => {
+        /// Creates the MLX EP factory. Called by ONNX Runtime when the library is registered.
+        ///
+        /// # Safety
+        /// Called by ONNX Runtime with the arguments of `CreateEpApiFactoriesFn`.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "system" fn CreateEpFactories(
+            registered_name: *const ::std::ffi::c_char,
+            ort_api_base: *const $crate::ort_sys::OrtApiBase,
+            default_logger: *const $crate::ort_sys::OrtLogger,
+            factories: *mut *mut $crate::ort_abi::tables::OrtEpFactory,
+            max_factories: usize,
+            num_factories: *mut usize,
+        ) -> $crate::ort_sys::OrtStatusPtr {
+            $( let _ = $link; )*
+            // SAFETY: forwarded unchanged from ONNX Runtime.
+            unsafe {
+                $crate::ort_abi::factory::create_ep_factories(
+                    registered_name, ort_api_base, default_logger, factories, max_factories, num_factories,
+                )
+            }
+        }
+
+        /// Releases a factory created by `CreateEpFactories`.
+        ///
+        /// # Safety
+        /// `factory` must come from `CreateEpFactories`.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "system" fn ReleaseEpFactory(
+            factory: *mut $crate::ort_abi::tables::OrtEpFactory,
+        ) -> $crate::ort_sys::OrtStatusPtr {
+            // SAFETY: forwarded unchanged from ONNX Runtime.
+            unsafe { $crate::ort_abi::factory::release_ep_factory(factory) }
+        }
+    };
+}

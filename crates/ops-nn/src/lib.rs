@@ -1,0 +1,13 @@
+//! Neural-network lowerings: MatMul, Gemm, Softmax.
+//!
+//! # Adding a lowering
+//! Write one file with a type implementing [`ep_core::Lowering`] and end it with
+//! `ep_core::register_lowering!(NAME = Value);`, then add its `mod` line below. List it in
+//! `crates/plugin/registered-ops.txt` and give it a case in `crates/conformance/tests/ops.rs`.
+#![forbid(unsafe_code)]
+
+mod matmul;
+mod softmax;
+
+/// Referenced by the plugin so the linker keeps this crate's registrations.
+pub fn link() {}
