@@ -1,13 +1,32 @@
-//! The compiled form of one partition and how it runs: nodes resolved to their lowerings once,
-//! constants uploaded once, then per run: bind inputs, build the MLX graph node by node,
-//! evaluate every partition output in one MLX evaluation.
+//! The compiled form of one partition and how it runs.
+//!
+//! A [`Plan`] resolves every node to its lowering once and uploads constants once. Each run
+//! binds the inputs, obtains the MLX graph of the partition's outputs, and evaluates all of
+//! them in one MLX evaluation. The graph comes from one of two places:
+//!
+//! - **compiled** (the default): the partition is traced into an MLX closure and
+//!   `mlx_compile`d, then replayed. When every lowering is [`CompileSafety::Shapeless`] the
+//!   closure is compiled shapeless (the *decode* slot: a growing sequence length replays
+//!   without re-tracing); otherwise it is compiled per input-shape key (the *general* slot),
+//!   in a bounded cache.
+//! - **eager**: the lowerings build the graph anew on every run. A partition runs eagerly when
+//!   compilation is off (`ONNXRUNTIME_EP_MLX_COMPILE=0`), when a lowering declares
+//!   [`CompileSafety::Never`], or after tracing, compiling or evaluating its compiled form
+//!   failed once (the reason goes to the session summary).
 
 use crate::graph::{ElemType, NodeInfo};
-use crate::lowering::{LowerCtx, Lowering};
-use crate::mlx::{self, Array, Dtype, Stream, VectorArray};
+use crate::lowering::{CompileSafety, LowerCtx, Lowering};
+use crate::mlx::{self, Array, Closure, Dtype, MlxError, Stream, VectorArray};
 use crate::registry::Registry;
+use crate::stats::{Phase, SessionStats};
 use crate::{Error, Result};
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// How many shape keys a shape-keyed partition keeps compiled closures for.
+pub const COMPILED_CACHE_CAPACITY: usize = 8;
 
 struct PlanNode {
     info: NodeInfo,
@@ -22,92 +41,19 @@ pub struct PlanOutput {
     dtype: Dtype,
 }
 
-/// A partition ready to run.
-pub struct Plan {
+/// The part of a plan a compiled closure captures: everything needed to build the graph.
+struct Translation {
     name: String,
     inputs: Vec<String>,
     outputs: Vec<PlanOutput>,
     constants: HashMap<String, Array>,
     nodes: Vec<PlanNode>,
-    stream: Stream,
 }
 
-impl Plan {
-    /// Resolves every node to its lowering and checks that each value a node reads is a
-    /// runtime input, a constant or the output of an earlier node.
-    ///
-    /// `nodes` must be in topological order; `inputs` are the runtime inputs in the order the
-    /// compute call receives them; `outputs` the values it must produce, in order.
-    pub fn new(
-        name: impl Into<String>,
-        nodes: Vec<NodeInfo>,
-        inputs: Vec<String>,
-        outputs: Vec<(String, ElemType)>,
-        constants: HashMap<String, Array>,
-        registry: &Registry,
-    ) -> Result<Plan> {
-        let name = name.into();
-        let mut available: HashSet<&str> =
-            inputs.iter().map(String::as_str).chain(constants.keys().map(String::as_str)).collect();
-        let mut plan_nodes = Vec::with_capacity(nodes.len());
-        for info in &nodes {
-            let lowering = registry
-                .claim(info)
-                .map_err(|d| Error::new(format!("cannot lower: {d}")).at_node(&info.name, &info.qualified_op()))?;
-            for v in info.inputs.iter().flatten() {
-                if !available.contains(v.name.as_str()) {
-                    return Err(Error::new(format!("input '{}' has no source in the partition", v.name))
-                        .at_node(&info.name, &info.qualified_op()));
-                }
-            }
-            available.extend(info.outputs.iter().flatten().map(|v| v.name.as_str()));
-            plan_nodes.push(lowering);
-        }
-        let mut resolved_outputs = Vec::with_capacity(outputs.len());
-        for (out, elem_type) in outputs {
-            if !available.contains(out.as_str()) {
-                return Err(Error::new(format!("partition {name}: output '{out}' is produced by no node")));
-            }
-            let dtype = elem_type
-                .to_mlx()
-                .ok_or_else(|| Error::new(format!("output '{out}' has type {elem_type:?}, which MLX cannot hold")))?;
-            resolved_outputs.push(PlanOutput { name: out, elem_type, dtype });
-        }
-        let nodes = nodes.into_iter().zip(plan_nodes).map(|(info, lowering)| PlanNode { info, lowering }).collect();
-        Ok(Plan { name, inputs, outputs: resolved_outputs, constants, nodes, stream: Stream::default_device()? })
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub fn inputs(&self) -> &[String] {
-        &self.inputs
-    }
-
-    pub fn outputs(&self) -> &[PlanOutput] {
-        &self.outputs
-    }
-
-    pub fn num_nodes(&self) -> usize {
-        self.nodes.len()
-    }
-
-    pub fn stream(&self) -> &Stream {
-        &self.stream
-    }
-
-    /// Runs the partition: one array per output, in ORT's dtypes, evaluated and row-contiguous.
-    /// The caller holds [`mlx::lock()`] for the whole run, copy-out included.
-    pub fn run(&self, inputs: Vec<Array>) -> Result<Vec<Array>> {
-        if inputs.len() != self.inputs.len() {
-            return Err(Error::new(format!(
-                "partition {}: {} inputs given, {} expected",
-                self.name,
-                inputs.len(),
-                self.inputs.len()
-            )));
-        }
+impl Translation {
+    /// Builds the MLX graph of the partition's outputs from `inputs` (not evaluated): each
+    /// output cast to ORT's dtype and made row-contiguous.
+    fn build(&self, inputs: Vec<Array>, stream: &Stream) -> Result<Vec<Array>> {
         let mut env: HashMap<&str, Array> = self.inputs.iter().map(String::as_str).zip(inputs).collect();
         for node in &self.nodes {
             let info = &node.info;
@@ -118,7 +64,7 @@ impl Plan {
                     v.as_ref().and_then(|v| env.get(v.name.as_str()).or_else(|| self.constants.get(&v.name)).cloned())
                 })
                 .collect();
-            let mut ctx = LowerCtx::new(args, &self.stream);
+            let mut ctx = LowerCtx::new(args, stream);
             let results =
                 node.lowering.lower(&mut ctx, info).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
             if results.len() < info.outputs.iter().flatten().count() {
@@ -141,14 +87,233 @@ impl Plan {
                 .get(out.name.as_str())
                 .or_else(|| self.constants.get(&out.name))
                 .expect("checked when the plan was built");
-            let a = mlx::ops::astype(a, out.dtype, &self.stream)?;
-            results.push(mlx::ops::contiguous(&a, &self.stream)?);
+            let a = mlx::ops::astype(a, out.dtype, stream)?;
+            results.push(mlx::ops::contiguous(&a, stream)?);
         }
-        VectorArray::from_arrays(results.iter())?
-            .eval()
-            .map_err(|e| Error::new(format!("partition {}: {e}", self.name)))?;
         Ok(results)
     }
+}
+
+/// How a partition's graph is obtained on each run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Traced and compiled once per input-shape key (the general slot).
+    ShapeKeyed,
+    /// Traced and compiled once for all shapes of the same ranks (the decode slot).
+    Shapeless,
+    /// Built anew on every run, for the reason given.
+    Eager(String),
+}
+
+/// What a compiled closure is specialised to: each input's dtype and shape (its rank alone
+/// for shapeless closures).
+type InputKey = Vec<(Dtype, Vec<i64>)>;
+
+/// Compiled closures by input key, least recently used first.
+#[derive(Default)]
+struct CompiledCache {
+    entries: VecDeque<(InputKey, Arc<Closure>)>,
+}
+
+/// A partition ready to run.
+pub struct Plan {
+    translation: Arc<Translation>,
+    stream: Stream,
+    stats: Arc<SessionStats>,
+    mode: Mutex<Mode>,
+    cache: Mutex<CompiledCache>,
+}
+
+impl Plan {
+    /// Resolves every node to its lowering and checks that each value a node reads is a
+    /// runtime input, a constant or the output of an earlier node.
+    ///
+    /// `nodes` must be in topological order; `inputs` are the runtime inputs in the order the
+    /// compute call receives them; `outputs` the values it must produce, in order. With
+    /// `compile` false the plan always runs eagerly.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        name: impl Into<String>,
+        nodes: Vec<NodeInfo>,
+        inputs: Vec<String>,
+        outputs: Vec<(String, ElemType)>,
+        constants: HashMap<String, Array>,
+        registry: &Registry,
+        stats: Arc<SessionStats>,
+        compile: bool,
+    ) -> Result<Plan> {
+        let name = name.into();
+        let mut available: HashSet<&str> =
+            inputs.iter().map(String::as_str).chain(constants.keys().map(String::as_str)).collect();
+        let mut lowerings = Vec::with_capacity(nodes.len());
+        for info in &nodes {
+            let lowering = registry
+                .claim(info)
+                .map_err(|d| Error::new(format!("cannot lower: {d}")).at_node(&info.name, &info.qualified_op()))?;
+            for v in info.inputs.iter().flatten() {
+                if !available.contains(v.name.as_str()) {
+                    return Err(Error::new(format!("input '{}' has no source in the partition", v.name))
+                        .at_node(&info.name, &info.qualified_op()));
+                }
+            }
+            available.extend(info.outputs.iter().flatten().map(|v| v.name.as_str()));
+            lowerings.push(lowering);
+        }
+        let mut resolved_outputs = Vec::with_capacity(outputs.len());
+        for (out, elem_type) in outputs {
+            if !available.contains(out.as_str()) {
+                return Err(Error::new(format!("partition {name}: output '{out}' is produced by no node")));
+            }
+            let dtype = elem_type
+                .to_mlx()
+                .ok_or_else(|| Error::new(format!("output '{out}' has type {elem_type:?}, which MLX cannot hold")))?;
+            resolved_outputs.push(PlanOutput { name: out, elem_type, dtype });
+        }
+        let nodes: Vec<PlanNode> =
+            nodes.into_iter().zip(lowerings).map(|(info, lowering)| PlanNode { info, lowering }).collect();
+        let mode = choose_mode(&nodes, compile);
+        if let Mode::Eager(reason) = &mode {
+            stats.record_fallback(format!("partition {name}: {reason}"));
+        }
+        let translation = Translation { name, inputs, outputs: resolved_outputs, constants, nodes };
+        Ok(Plan {
+            translation: Arc::new(translation),
+            stream: Stream::default_device()?,
+            stats,
+            mode: Mutex::new(mode),
+            cache: Mutex::new(CompiledCache::default()),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.translation.name
+    }
+
+    pub fn inputs(&self) -> &[String] {
+        &self.translation.inputs
+    }
+
+    pub fn outputs(&self) -> &[PlanOutput] {
+        &self.translation.outputs
+    }
+
+    pub fn num_nodes(&self) -> usize {
+        self.translation.nodes.len()
+    }
+
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    pub fn stats(&self) -> &Arc<SessionStats> {
+        &self.stats
+    }
+
+    /// How this partition currently obtains its graph.
+    pub fn mode(&self) -> Mode {
+        self.mode.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Runs the partition: one array per output, in ORT's dtypes, evaluated and row-contiguous.
+    /// The caller holds [`mlx::lock()`] for the whole run, copy-out included.
+    pub fn run(&self, inputs: Vec<Array>) -> Result<Vec<Array>> {
+        let t = &self.translation;
+        if inputs.len() != t.inputs.len() {
+            return Err(Error::new(format!(
+                "partition {}: {} inputs given, {} expected",
+                t.name,
+                inputs.len(),
+                t.inputs.len()
+            )));
+        }
+        let mode = self.mode();
+        if !matches!(mode, Mode::Eager(_)) {
+            match self.run_compiled(&inputs, &mode) {
+                Ok(outputs) => return Ok(outputs),
+                Err(e) => {
+                    let reason = format!("compiled run failed ({e}); running eagerly from now on");
+                    self.stats.record_fallback(format!("partition {}: {reason}", t.name));
+                    *self.mode.lock().unwrap_or_else(|p| p.into_inner()) = Mode::Eager(reason);
+                    self.cache.lock().unwrap_or_else(|p| p.into_inner()).entries.clear();
+                }
+            }
+        }
+        let started = Instant::now();
+        let outputs = t.build(inputs, &self.stream)?;
+        self.stats.add_time(Phase::Translate, started.elapsed());
+        self.stats.eager_runs.fetch_add(1, Ordering::Relaxed);
+        self.evaluate(&outputs)?;
+        Ok(outputs)
+    }
+
+    fn evaluate(&self, outputs: &[Array]) -> Result<()> {
+        let started = Instant::now();
+        VectorArray::from_arrays(outputs.iter())?
+            .eval()
+            .map_err(|e| Error::new(format!("partition {}: {e}", self.translation.name)))?;
+        self.stats.add_time(Phase::Eval, started.elapsed());
+        Ok(())
+    }
+
+    fn run_compiled(&self, inputs: &[Array], mode: &Mode) -> Result<Vec<Array>> {
+        let shapeless = *mode == Mode::Shapeless;
+        let key: Vec<(Dtype, Vec<i64>)> =
+            inputs.iter().map(|a| (a.dtype(), if shapeless { vec![a.ndim() as i64] } else { a.shape() })).collect();
+        let closure = self.compiled_for(key, shapeless)?;
+        let traces_before = self.stats.traces.load(Ordering::Relaxed);
+        let started = Instant::now();
+        let outputs = closure.apply(inputs).map_err(Error::from)?;
+        if self.stats.traces.load(Ordering::Relaxed) == traces_before {
+            self.stats.replays.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.stats.add_time(Phase::Translate, started.elapsed());
+        }
+        self.evaluate(&outputs)?;
+        Ok(outputs)
+    }
+
+    /// The compiled closure for `key`, compiling (and evicting the least recently used entry)
+    /// on a miss.
+    fn compiled_for(&self, key: InputKey, shapeless: bool) -> Result<Arc<Closure>> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = cache.entries.iter().position(|(k, _)| *k == key) {
+            let entry = cache.entries.remove(i).expect("index from position");
+            let closure = Arc::clone(&entry.1);
+            cache.entries.push_back(entry);
+            return Ok(closure);
+        }
+        let translation = Arc::clone(&self.translation);
+        let stats = Arc::clone(&self.stats);
+        let traced = Closure::new(move |args: &[Array]| {
+            stats.traces.fetch_add(1, Ordering::Relaxed);
+            let stream = Stream::default_device()?;
+            translation.build(args.to_vec(), &stream).map_err(|e| MlxError(e.0))
+        });
+        let started = Instant::now();
+        let compiled = Arc::new(traced.compile(shapeless)?);
+        self.stats.add_time(Phase::Compile, started.elapsed());
+        self.stats.compiles.fetch_add(1, Ordering::Relaxed);
+        if cache.entries.len() >= COMPILED_CACHE_CAPACITY {
+            cache.entries.pop_front();
+        }
+        cache.entries.push_back((key, Arc::clone(&compiled)));
+        Ok(compiled)
+    }
+}
+
+fn choose_mode(nodes: &[PlanNode], compile: bool) -> Mode {
+    if !compile {
+        return Mode::Eager("compilation is disabled (ONNXRUNTIME_EP_MLX_COMPILE=0)".into());
+    }
+    let mut worst = CompileSafety::Shapeless;
+    for n in nodes {
+        let safety = n.lowering.compile_safety();
+        if safety == CompileSafety::Never {
+            return Mode::Eager(format!("node '{}' ({}) cannot be compiled", n.info.name, n.info.qualified_op()));
+        }
+        worst = worst.max(safety);
+    }
+    if worst == CompileSafety::Shapeless { Mode::Shapeless } else { Mode::ShapeKeyed }
 }
 
 #[cfg(test)]
@@ -157,7 +322,7 @@ mod tests {
     use crate::graph::ValueInfo;
     use crate::lowering::Decline;
 
-    struct TestBinary(&'static str, fn(&Array, &Array, &Stream) -> mlx::Result<Array>);
+    struct TestBinary(&'static str, fn(&Array, &Array, &Stream) -> mlx::Result<Array>, CompileSafety);
     impl Lowering for TestBinary {
         fn op_type(&self) -> &'static str {
             self.0
@@ -171,17 +336,46 @@ mod tests {
         fn lower(&self, ctx: &mut LowerCtx<'_>, _: &NodeInfo) -> Result<Vec<Array>> {
             Ok(vec![(self.1)(ctx.input(0)?, ctx.input(1)?, ctx.stream())?])
         }
+        fn compile_safety(&self) -> CompileSafety {
+            self.2
+        }
     }
-    static ADD: TestBinary = TestBinary("Add", mlx::ops::add);
-    static MUL: TestBinary = TestBinary("Mul", mlx::ops::multiply);
+    static ADD: TestBinary = TestBinary("Add", mlx::ops::add, CompileSafety::Shapeless);
+    static MUL: TestBinary = TestBinary("Mul", mlx::ops::multiply, CompileSafety::Shapeless);
+    static SUB_KEYED: TestBinary = TestBinary("Sub", mlx::ops::subtract, CompileSafety::ShapeKeyed);
+    static DIV_NEVER: TestBinary = TestBinary("Div", mlx::ops::divide, CompileSafety::Never);
 
     fn value(name: &str) -> Option<ValueInfo> {
-        Some(ValueInfo {
-            name: name.into(),
-            elem_type: Some(ElemType::F32),
-            shape: Some(vec![Some(2)]),
-            is_constant: false,
-        })
+        Some(ValueInfo { name: name.into(), elem_type: Some(ElemType::F32), shape: None, is_constant: false })
+    }
+
+    /// `y = (x op1 w) op2 x` over the test lowerings, compiled unless `compile` is false.
+    fn two_node_plan(op1: &str, op2: &str, compile: bool) -> (Plan, Arc<SessionStats>) {
+        let registry = Registry::build(&[&ADD, &MUL, &SUB_KEYED, &DIV_NEVER]).unwrap();
+        let stats = Arc::new(SessionStats::default());
+        let w = Array::from_slice(&[0.5f32], &[1]).unwrap();
+        let plan = Plan::new(
+            "p",
+            vec![node(op1, ["x", "w"], "t"), node(op2, ["t", "x"], "y")],
+            vec!["x".into()],
+            vec![("y".into(), ElemType::F32)],
+            HashMap::from([("w".to_owned(), w)]),
+            &registry,
+            Arc::clone(&stats),
+            compile,
+        )
+        .unwrap();
+        (plan, stats)
+    }
+
+    fn ramp(shape: &[i64]) -> (Array, Vec<f32>) {
+        let n: i64 = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 1.0).collect();
+        (Array::from_slice(&v, shape).unwrap(), v)
+    }
+
+    fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
+        SessionStats::count(c)
     }
 
     fn node(op: &str, inputs: [&str; 2], output: &str) -> NodeInfo {
@@ -208,6 +402,8 @@ mod tests {
             vec![("y".into(), ElemType::F32), ("t".into(), ElemType::F32)],
             HashMap::from([("w".to_owned(), w)]),
             &registry,
+            Arc::new(SessionStats::default()),
+            false,
         )
         .unwrap();
         let x = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
@@ -227,6 +423,8 @@ mod tests {
             vec![("y".into(), ElemType::F32)],
             HashMap::new(),
             &registry,
+            Arc::new(SessionStats::default()),
+            false,
         )
         .err()
         .unwrap();
@@ -243,6 +441,8 @@ mod tests {
             vec![("y".into(), ElemType::F32)],
             HashMap::new(),
             &registry,
+            Arc::new(SessionStats::default()),
+            false,
         )
         .err()
         .unwrap();
@@ -260,11 +460,119 @@ mod tests {
             vec![("y".into(), ElemType::F32)],
             HashMap::new(),
             &registry,
+            Arc::new(SessionStats::default()),
+            false,
         )
         .unwrap();
         let x = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
         let z = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
         let err = plan.run(vec![x, z]).unwrap_err();
         assert!(err.0.contains("node 'Add_node' (Add)"), "{err}");
+    }
+
+    #[test]
+    fn a_second_run_of_the_same_shapes_replays_without_tracing() {
+        let _g = mlx::lock();
+        let (plan, stats) = two_node_plan("Add", "Mul", true);
+        assert_eq!(plan.mode(), Mode::Shapeless);
+        let s = Stream::cpu().unwrap();
+        for _ in 0..3 {
+            let (x, v) = ramp(&[2, 3]);
+            let y = plan.run(vec![x]).unwrap();
+            let want: Vec<f32> = v.iter().map(|x| (x + 0.5) * x).collect();
+            assert_eq!(y[0].to_vec::<f32>(&s).unwrap(), want);
+        }
+        assert_eq!((count(&stats.traces), count(&stats.compiles), count(&stats.replays)), (1, 1, 2));
+        assert_eq!(count(&stats.eager_runs), 0);
+    }
+
+    #[test]
+    fn a_decode_style_growing_length_never_retraces() {
+        let _g = mlx::lock();
+        let (plan, stats) = two_node_plan("Add", "Mul", true);
+        let s = Stream::cpu().unwrap();
+        for len in 1..=8 {
+            let (x, v) = ramp(&[1, len, 4]);
+            let y = plan.run(vec![x]).unwrap();
+            assert_eq!(y[0].shape(), vec![1, len, 4]);
+            let want: Vec<f32> = v.iter().map(|x| (x + 0.5) * x).collect();
+            assert_eq!(y[0].to_vec::<f32>(&s).unwrap(), want, "length {len}");
+        }
+        assert_eq!(count(&stats.traces), 1, "shapeless partitions trace once");
+        assert_eq!(count(&stats.replays), 7);
+    }
+
+    #[test]
+    fn shape_keyed_partitions_trace_per_shape_in_a_bounded_cache() {
+        let _g = mlx::lock();
+        let (plan, stats) = two_node_plan("Sub", "Mul", true);
+        assert_eq!(plan.mode(), Mode::ShapeKeyed);
+        let s = Stream::cpu().unwrap();
+        let shapes: Vec<Vec<i64>> = (1..=COMPILED_CACHE_CAPACITY as i64 + 2).map(|n| vec![n, 2]).collect();
+        for shape in &shapes {
+            let (x, v) = ramp(shape);
+            let y = plan.run(vec![x]).unwrap();
+            let want: Vec<f32> = v.iter().map(|x| (x - 0.5) * x).collect();
+            assert_eq!(y[0].to_vec::<f32>(&s).unwrap(), want);
+        }
+        assert_eq!(count(&stats.traces), shapes.len() as u64);
+        assert_eq!(plan.cache.lock().unwrap().entries.len(), COMPILED_CACHE_CAPACITY);
+        // A shape still cached replays; the evicted first shape is traced again.
+        plan.run(vec![ramp(&shapes[shapes.len() - 1]).0]).unwrap();
+        assert_eq!(count(&stats.traces), shapes.len() as u64);
+        plan.run(vec![ramp(&shapes[0]).0]).unwrap();
+        assert_eq!(count(&stats.traces), shapes.len() as u64 + 1);
+    }
+
+    #[test]
+    fn a_lowering_unsafe_to_compile_makes_the_partition_eager_with_a_reason() {
+        let _g = mlx::lock();
+        let (plan, stats) = two_node_plan("Add", "Div", true);
+        match plan.mode() {
+            Mode::Eager(reason) => assert!(reason.contains("Div_node"), "{reason}"),
+            other => panic!("expected eager, got {other:?}"),
+        }
+        plan.run(vec![ramp(&[3]).0]).unwrap();
+        assert_eq!((count(&stats.traces), count(&stats.eager_runs)), (0, 1));
+        assert!(stats.summary().contains("eager fallback: partition p: node 'Div_node' (Div) cannot be compiled"));
+    }
+
+    #[test]
+    fn compilation_can_be_switched_off() {
+        let _g = mlx::lock();
+        let (plan, stats) = two_node_plan("Add", "Mul", false);
+        assert!(matches!(plan.mode(), Mode::Eager(_)));
+        plan.run(vec![ramp(&[2]).0]).unwrap();
+        plan.run(vec![ramp(&[2]).0]).unwrap();
+        assert_eq!((count(&stats.traces), count(&stats.eager_runs)), (0, 2));
+    }
+
+    #[test]
+    fn shapeless_replays_broadcast_between_inputs_of_new_shapes() {
+        let _g = mlx::lock();
+        let registry = Registry::build(&[&ADD]).unwrap();
+        let stats = Arc::new(SessionStats::default());
+        let plan = Plan::new(
+            "p",
+            vec![node("Add", ["a", "b"], "y")],
+            vec!["a".into(), "b".into()],
+            vec![("y".into(), ElemType::F32)],
+            HashMap::new(),
+            &registry,
+            Arc::clone(&stats),
+            true,
+        )
+        .unwrap();
+        let s = Stream::cpu().unwrap();
+        for n in 2..=4i64 {
+            let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            let b: Vec<f32> = (0..n).map(|j| 10.0 * j as f32).collect();
+            let y = plan
+                .run(vec![Array::from_slice(&a, &[n, 1]).unwrap(), Array::from_slice(&b, &[1, n]).unwrap()])
+                .unwrap();
+            assert_eq!(y[0].shape(), vec![n, n]);
+            let want: Vec<f32> = (0..n).flat_map(|i| (0..n).map(move |j| i as f32 + 10.0 * j as f32)).collect();
+            assert_eq!(y[0].to_vec::<f32>(&s).unwrap(), want, "n = {n}");
+        }
     }
 }

@@ -18,13 +18,14 @@ pub mod lowering;
 pub mod mlx;
 pub mod partition;
 pub mod registry;
+pub mod stats;
 
 #[doc(hidden)]
 pub mod ort_abi;
 
 pub use error::{Error, Result};
 pub use graph::{AttrValue, ElemType, NodeInfo, ValueInfo};
-pub use lowering::{Decline, LowerCtx, Lowering};
+pub use lowering::{CompileSafety, Decline, LowerCtx, Lowering};
 
 #[doc(hidden)]
 pub use linkme;

@@ -50,6 +50,19 @@ impl std::fmt::Display for Decline {
     }
 }
 
+/// What a lowering's graph may be compiled under (`mlx_compile`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CompileSafety {
+    /// Shape-agnostic: one trace serves every input shape (shapeless compile). The lowering
+    /// reads no dimension of its inputs while building.
+    Shapeless,
+    /// Correct when compiled for one set of input shapes (it reads dimensions while building,
+    /// e.g. to compute a reshape): a new trace per shape.
+    ShapeKeyed,
+    /// Must run eagerly (data-dependent shapes, host reads of values).
+    Never,
+}
+
 /// One op (domain, type, opset range) the EP can run on MLX.
 pub trait Lowering: Sync + 'static {
     /// The op's domain; `""` is the default ONNX domain.
@@ -67,6 +80,12 @@ pub trait Lowering: Sync + 'static {
 
     /// Builds the MLX graph for the node from its inputs; one array per output.
     fn lower(&self, ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>;
+
+    /// Under which compilation the graph this lowering builds stays correct. The default is
+    /// the conservative [`CompileSafety::ShapeKeyed`].
+    fn compile_safety(&self) -> CompileSafety {
+        CompileSafety::ShapeKeyed
+    }
 
     /// A name for diagnostics (the implementing type by default).
     fn name(&self) -> &'static str {

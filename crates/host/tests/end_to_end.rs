@@ -172,3 +172,19 @@ fn opset_11_softmax_normalises_everything_from_axis_on() -> Result<()> {
     assert_close(&got, &expected, 1e-5, 1e-4);
     Ok(())
 }
+
+#[test]
+fn one_session_serves_changing_batch_sizes() -> Result<()> {
+    // The compiled partition is replayed for new shapes (shapeless: no re-trace needed).
+    let mut cpu = models::mlp(16, 32, 5)?.into_session(&session_builder(Ep::Cpu)?)?;
+    let mut mlx = models::mlp(16, 32, 5)?.into_session(&session_builder(Ep::Mlx)?)?;
+    for batch in [1, 3, 8, 2] {
+        let dims = HashMap::from([("batch".to_string(), batch)]);
+        let inputs = values::random_inputs(&cpu, &dims, batch as u64)?;
+        let expected = values::run(&mut cpu, &inputs)?;
+        let got = values::run(&mut mlx, &inputs)?;
+        assert_eq!(got[0].shape, vec![batch, 5]);
+        assert_close(&got, &expected, 1e-5, 1e-4);
+    }
+    Ok(())
+}

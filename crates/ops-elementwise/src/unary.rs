@@ -2,7 +2,7 @@
 
 use ep_core::lowering::{FLOATS, require_inputs, require_types};
 use ep_core::mlx::{Array, Result as MlxResult, Stream, ops};
-use ep_core::{Decline, LowerCtx, Lowering, NodeInfo, Result};
+use ep_core::{CompileSafety, Decline, LowerCtx, Lowering, NodeInfo, Result};
 use std::ops::RangeInclusive;
 
 pub struct Unary {
@@ -26,6 +26,10 @@ impl Lowering for Unary {
 
     fn lower(&self, ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
         Ok(vec![(self.f)(ctx.input(0)?, ctx.stream())?])
+    }
+
+    fn compile_safety(&self) -> CompileSafety {
+        CompileSafety::Shapeless
     }
 
     fn name(&self) -> &'static str {

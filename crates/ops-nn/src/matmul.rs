@@ -1,9 +1,10 @@
 //! MatMul (NumPy semantics, any batch rank) and Gemm (`alpha * A' @ B' + beta * C`).
+//! Both are shape-agnostic and compile shapeless.
 //! ORT rewrites MatMul followed by Add into Gemm before the EP sees the graph.
 
 use ep_core::lowering::{FLOATS, require_input_rank, require_inputs, require_types};
 use ep_core::mlx::{Array, ops};
-use ep_core::{Decline, LowerCtx, Lowering, NodeInfo, Result};
+use ep_core::{CompileSafety, Decline, LowerCtx, Lowering, NodeInfo, Result};
 use std::ops::RangeInclusive;
 
 pub struct MatMul;
@@ -27,6 +28,10 @@ impl Lowering for MatMul {
 
     fn lower(&self, ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
         Ok(vec![ops::matmul(ctx.input(0)?, ctx.input(1)?, ctx.stream())?])
+    }
+
+    fn compile_safety(&self) -> CompileSafety {
+        CompileSafety::Shapeless
     }
 }
 
@@ -72,14 +77,22 @@ impl Lowering for Gemm {
         if node.attr_int("transB", 0).map_err(ep_core::Error::new)? == 1 {
             b = ops::transpose(&b, s)?;
         }
-        let out = match ctx.optional_input(2) {
-            Some(c) if beta != 0.0 => ops::addmm(c, &a, &b, alpha, beta, s)?,
-            _ => {
-                let ab = ops::matmul(&a, &b, s)?;
-                if alpha == 1.0 { ab } else { ops::scale(&ab, alpha, s)? }
-            }
-        };
+        // `alpha * (A' @ B') + beta * C` as a product and a broadcasting add, not MLX's fused
+        // addmm: compiled shapeless, addmm keeps the trace's shape for C and corrupts memory
+        // when a later call has fewer rows (MLX 0.32.2).
+        let mut out = ops::matmul(&a, &b, s)?;
+        if alpha != 1.0 {
+            out = ops::scale(&out, alpha, s)?;
+        }
+        if let Some(c) = ctx.optional_input(2).filter(|_| beta != 0.0) {
+            let c = if beta == 1.0 { c.clone() } else { ops::scale(c, beta, s)? };
+            out = ops::add(&out, &c, s)?;
+        }
         Ok(vec![out])
+    }
+
+    fn compile_safety(&self) -> CompileSafety {
+        CompileSafety::Shapeless
     }
 }
 

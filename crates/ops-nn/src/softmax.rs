@@ -3,7 +3,7 @@
 
 use ep_core::lowering::{FLOATS, require_input_rank, require_inputs, require_types};
 use ep_core::mlx::{Array, ops};
-use ep_core::{Decline, Error, LowerCtx, Lowering, NodeInfo, Result};
+use ep_core::{CompileSafety, Decline, Error, LowerCtx, Lowering, NodeInfo, Result};
 use std::ops::RangeInclusive;
 
 pub struct Softmax {
@@ -54,6 +54,11 @@ impl Lowering for Softmax {
         let flat = ops::reshape(x, &[rows, cols], s)?;
         let y = ops::softmax(&flat, 1, s)?;
         Ok(vec![ops::reshape(&y, &shape, s)?])
+    }
+
+    /// The opset 1-12 form reads the input's dimensions to flatten it.
+    fn compile_safety(&self) -> CompileSafety {
+        if self.flattening { CompileSafety::ShapeKeyed } else { CompileSafety::Shapeless }
     }
 
     fn name(&self) -> &'static str {

@@ -6,7 +6,7 @@
 
 use ep_core::lowering::{FLOATS, require_inputs, require_types};
 use ep_core::mlx::{Array, ops};
-use ep_core::{Decline, Error, LowerCtx, Lowering, NodeInfo, Result};
+use ep_core::{CompileSafety, Decline, Error, LowerCtx, Lowering, NodeInfo, Result};
 use std::ops::RangeInclusive;
 
 pub struct QuickGelu;
@@ -43,6 +43,10 @@ impl Lowering for QuickGelu {
         let alpha = Self::alpha(node).map_err(Error::new)?;
         let gate = ops::sigmoid(&ops::scale(x, alpha, s)?, s)?;
         Ok(vec![ops::multiply(x, &gate, s)?])
+    }
+
+    fn compile_safety(&self) -> CompileSafety {
+        CompileSafety::Shapeless
     }
 }
 

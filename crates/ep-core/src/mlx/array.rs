@@ -5,8 +5,9 @@ use std::ffi::{CStr, c_int};
 pub struct Array(pub(crate) mlx_sys::mlx_array);
 
 // SAFETY: MLX arrays are reference counted with atomic counts; all graph building and
-// evaluation is serialised by `mlx::lock()`.
+// evaluation is serialised by `mlx::lock()`, so a shared handle is never used concurrently.
 unsafe impl Send for Array {}
+unsafe impl Sync for Array {}
 
 impl Array {
     /// An empty handle for an mlx-c call to fill.

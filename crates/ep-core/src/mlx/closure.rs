@@ -6,8 +6,10 @@ type BoxedFn = Box<dyn FnMut(&[Array]) -> Result<Vec<Array>> + Send>;
 /// An MLX closure wrapping a Rust function from arrays to arrays (what `mlx_compile` traces).
 pub struct Closure(pub(crate) mlx_sys::mlx_closure);
 
-// SAFETY: the wrapped function is `Send`; MLX work is serialised by `mlx::lock()`.
+// SAFETY: the wrapped function is `Send`; MLX work (tracing and applying included) is
+// serialised by `mlx::lock()`, so a shared closure is never applied concurrently.
 unsafe impl Send for Closure {}
+unsafe impl Sync for Closure {}
 
 unsafe extern "C" fn trampoline(
     out: *mut mlx_sys::mlx_vector_array,
@@ -63,6 +65,16 @@ impl Closure {
         let payload: *mut BoxedFn = Box::into_raw(Box::new(Box::new(f)));
         // SAFETY: mlx-c owns `payload` from here and frees it through `drop_payload`.
         Closure(unsafe { mlx_sys::mlx_closure_new_func_payload(Some(trampoline), payload.cast(), Some(drop_payload)) })
+    }
+
+    /// An `mlx_compile`d version of this closure. The first application of the result traces
+    /// this closure; later applications with inputs of the same shapes (any shapes when
+    /// `shapeless`) replay the compiled graph without calling it.
+    pub fn compile(&self, shapeless: bool) -> Result<Closure> {
+        let mut out = Closure(unsafe { mlx_sys::mlx_closure_new() });
+        // SAFETY: `out` owns its handle; mlx-c replaces its contents, and drop frees it.
+        check(unsafe { mlx_sys::mlx_compile(&mut out.0, self.0, shapeless) })?;
+        Ok(out)
     }
 
     pub fn apply(&self, inputs: &[Array]) -> Result<Vec<Array>> {

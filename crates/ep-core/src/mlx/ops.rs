@@ -52,7 +52,8 @@ binary! {
     matmul => mlx_matmul;
 }
 
-/// `alpha * (a @ b) + beta * c`.
+/// `alpha * (a @ b) + beta * c`. Not safe in a shapeless-compiled graph (MLX 0.32.2 keeps the
+/// traced shape of `c`).
 pub fn addmm(c: &Array, a: &Array, b: &Array, alpha: f32, beta: f32, s: &Stream) -> Result<Array> {
     let mut out = Array::empty();
     // SAFETY: as above.

@@ -6,10 +6,12 @@ use super::graph_reader::tensor_to_array;
 use super::ort_call;
 use super::tables::{OrtNodeComputeContext, OrtNodeComputeInfo, TABLE_VERSION};
 use crate::exec::Plan;
+use crate::stats::Phase;
 use crate::{Error, Result, mlx};
 use ort_sys::{OrtKernelContext, OrtStatusPtr, OrtValue};
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
+use std::time::Instant;
 
 /// `table` must stay the first field: ORT sees a pointer to it.
 #[repr(C)]
@@ -68,6 +70,7 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
         return Err(Error::new(format!("ORT passed {count} inputs, the partition has {}", plan.inputs().len())));
     }
     let _mlx = mlx::lock();
+    let started = Instant::now();
     let mut inputs = Vec::with_capacity(count);
     for (i, name) in plan.inputs().iter().enumerate() {
         let mut value: *const OrtValue = null();
@@ -78,7 +81,9 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
         // SAFETY: ORT keeps input values alive during Compute.
         inputs.push(unsafe { tensor_to_array(value, &format!("input '{name}'"))? });
     }
+    plan.stats().add_time(Phase::CopyIn, started.elapsed());
     let outputs = plan.run(inputs)?;
+    let started = Instant::now();
     for (i, (array, out)) in outputs.iter().zip(plan.outputs()).enumerate() {
         let shape = array.shape();
         let mut value: *mut OrtValue = null_mut();
@@ -98,5 +103,6 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
         };
         array.copy_to(buf, plan.stream()).map_err(|e| Error::new(format!("output '{}': {e}", out.name)))?;
     }
+    plan.stats().add_time(Phase::CopyOut, started.elapsed());
     Ok(())
 }

@@ -8,10 +8,12 @@ use super::{check_status, ep_api};
 use crate::exec::Plan;
 use crate::graph::NodeInfo;
 use crate::partition::{PartNode, partition, topological_order};
+use crate::stats::SessionStats;
 use crate::{EP_NAME, Error, Result, registry};
 use ort_sys::{OrtGraph, OrtNode, OrtSessionOptions, OrtStatusPtr, OrtValueInfo};
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, c_char};
+use std::sync::Arc;
 
 const COMPAT: &CStr = c"onnxruntime-mlx";
 
@@ -20,6 +22,17 @@ const COMPAT: &CStr = c"onnxruntime-mlx";
 pub struct Ep {
     table: OrtEp,
     claim_debug: bool,
+    verbose: bool,
+    compile: bool,
+    stats: Arc<SessionStats>,
+}
+
+impl Drop for Ep {
+    fn drop(&mut self) {
+        if self.verbose {
+            eprint!("{}", self.stats.summary());
+        }
+    }
 }
 
 fn env_flag(name: &str) -> bool {
@@ -47,6 +60,9 @@ impl Ep {
                 IsConcurrentRunSupported: None,
             },
             claim_debug: env_flag("ONNXRUNTIME_EP_MLX_CLAIM_DEBUG"),
+            verbose: env_flag("ONNXRUNTIME_EP_MLX_VERBOSE"),
+            compile: std::env::var("ONNXRUNTIME_EP_MLX_COMPILE").map_or(true, |v| v != "0"),
+            stats: Arc::new(SessionStats::default()),
         }))
     }
 }
@@ -126,6 +142,15 @@ unsafe extern "system" fn get_capability(
         if ep.claim_debug {
             report_claims(&claims);
         }
+        let claimed_ops: Vec<String> = claims
+            .nodes
+            .iter()
+            .zip(&claims.decisions)
+            .filter(|(_, d)| d.is_ok())
+            .map(|(n, _)| n.qualified_op())
+            .collect();
+        let sizes: Vec<usize> = claims.partitions.iter().map(Vec::len).collect();
+        ep.stats.record_claims(claims.nodes.len(), &claimed_ops, &sizes);
         let options = OrtNodeFusionOptions { ort_version_supported: TABLE_VERSION, drop_constant_initializers: true };
         for group in &claims.partitions {
             let members: Vec<*const OrtNode> = group.iter().map(|&i| raw[i]).collect();
@@ -160,7 +185,7 @@ fn report_claims(claims: &Claims) {
 }
 
 unsafe extern "system" fn compile(
-    _this: *mut OrtEp,
+    this: *mut OrtEp,
     graphs: *const *const OrtGraph,
     fused_nodes: *const *const OrtNode,
     count: usize,
@@ -171,15 +196,18 @@ unsafe extern "system" fn compile(
         if count == 0 {
             return Ok(());
         }
+        non_null(this, "ep")?;
         non_null(graphs, "graphs")?;
         non_null(fused_nodes, "fused_nodes")?;
+        // SAFETY: `this` is our EP.
+        let ep = unsafe { &*this.cast::<Ep>() };
         non_null(node_compute_infos, "node_compute_infos")?;
         // SAFETY: ORT passes `count` graphs, fused nodes and output slots.
         let (graphs, fused) =
             unsafe { (std::slice::from_raw_parts(graphs, count), std::slice::from_raw_parts(fused_nodes, count)) };
         let mut built: Vec<Box<ComputeInfo>> = Vec::with_capacity(count);
         for (&graph, &fused_node) in graphs.iter().zip(fused) {
-            built.push(ComputeInfo::new(build_plan(graph, fused_node)?));
+            built.push(ComputeInfo::new(build_plan(ep, graph, fused_node)?));
         }
         for (i, info) in built.into_iter().enumerate() {
             // SAFETY: slot `i` exists; ORT releases it through `release_node_compute_infos`.
@@ -190,7 +218,7 @@ unsafe extern "system" fn compile(
 }
 
 /// Builds the plan for one fused node from the partition's graph.
-fn build_plan(graph: *const OrtGraph, fused_node: *const OrtNode) -> Result<Plan> {
+fn build_plan(ep: &Ep, graph: *const OrtGraph, fused_node: *const OrtNode) -> Result<Plan> {
     let name = graph_reader::node_name(fused_node)?;
     let runtime_inputs: Vec<String> = node_inputs(fused_node)?
         .into_iter()
@@ -230,7 +258,7 @@ fn build_plan(graph: *const OrtGraph, fused_node: *const OrtNode) -> Result<Plan
 
     let mut nodes: Vec<Option<NodeInfo>> = nodes.into_iter().map(Some).collect();
     let ordered = order.into_iter().map(|i| nodes[i].take().expect("each node once")).collect();
-    Plan::new(name, ordered, runtime_inputs, outputs, constants, registry::global()?)
+    Plan::new(name, ordered, runtime_inputs, outputs, constants, registry::global()?, Arc::clone(&ep.stats), ep.compile)
 }
 
 unsafe extern "system" fn release_node_compute_infos(

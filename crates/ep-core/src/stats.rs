@@ -1,0 +1,117 @@
+//! Per-session counters and timings, printed at session teardown when
+//! `ONNXRUNTIME_EP_MLX_VERBOSE=1`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A phase of a partition run whose time is accumulated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    /// ORT inputs to MLX arrays.
+    CopyIn,
+    /// Building the MLX graph node by node (eager runs, and traces).
+    Translate,
+    /// `mlx_compile` of a traced partition.
+    Compile,
+    /// The MLX evaluation of a run's outputs.
+    Eval,
+    /// MLX outputs into ORT's buffers.
+    CopyOut,
+}
+
+impl Phase {
+    const ALL: [Phase; 5] = [Phase::CopyIn, Phase::Translate, Phase::Compile, Phase::Eval, Phase::CopyOut];
+
+    fn name(self) -> &'static str {
+        match self {
+            Phase::CopyIn => "copy-in",
+            Phase::Translate => "translate",
+            Phase::Compile => "compile",
+            Phase::Eval => "eval",
+            Phase::CopyOut => "copy-out",
+        }
+    }
+}
+
+/// Counters of one session (one `OrtEp`), shared by its partitions.
+#[derive(Default)]
+pub struct SessionStats {
+    claim: Mutex<ClaimSummary>,
+    /// Times a partition's lowerings built an MLX graph for a compiled closure.
+    pub traces: AtomicU64,
+    /// `mlx_compile` calls.
+    pub compiles: AtomicU64,
+    /// Runs served by an already compiled closure.
+    pub replays: AtomicU64,
+    /// Runs that built and evaluated the MLX graph eagerly.
+    pub eager_runs: AtomicU64,
+    phase_ns: [AtomicU64; 5],
+    fallbacks: Mutex<Vec<String>>,
+}
+
+#[derive(Default, Clone)]
+struct ClaimSummary {
+    nodes_total: usize,
+    nodes_claimed: usize,
+    partition_sizes: Vec<usize>,
+    ops: BTreeMap<String, usize>,
+}
+
+impl SessionStats {
+    /// Records one `GetCapability` result (ORT may call it for several graphs).
+    pub fn record_claims(&self, nodes_total: usize, claimed_ops: &[String], partition_sizes: &[usize]) {
+        let mut c = self.claim.lock().unwrap_or_else(|p| p.into_inner());
+        c.nodes_total += nodes_total;
+        c.nodes_claimed += claimed_ops.len();
+        c.partition_sizes.extend_from_slice(partition_sizes);
+        for op in claimed_ops {
+            *c.ops.entry(op.clone()).or_default() += 1;
+        }
+    }
+
+    pub fn add_time(&self, phase: Phase, d: Duration) {
+        self.phase_ns[phase as usize].fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Notes why a partition runs eagerly instead of compiled.
+    pub fn record_fallback(&self, reason: String) {
+        self.fallbacks.lock().unwrap_or_else(|p| p.into_inner()).push(reason);
+    }
+
+    pub fn count(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+
+    pub fn time(&self, phase: Phase) -> Duration {
+        Duration::from_nanos(self.phase_ns[phase as usize].load(Ordering::Relaxed))
+    }
+
+    /// The human-readable session summary.
+    pub fn summary(&self) -> String {
+        let c = self.claim.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut s = String::new();
+        let _ = writeln!(s, "[{}] session summary", crate::EP_NAME);
+        let _ = writeln!(s, "  nodes claimed: {} of {}", c.nodes_claimed, c.nodes_total);
+        let _ = writeln!(s, "  partitions: {} of sizes {:?}", c.partition_sizes.len(), c.partition_sizes);
+        let ops: Vec<String> = c.ops.iter().map(|(op, n)| format!("{op} x{n}")).collect();
+        let _ = writeln!(s, "  claimed ops: {}", ops.join(", "));
+        let _ = writeln!(
+            s,
+            "  runs: {} compiled replays, {} eager; {} traces, {} compiles",
+            Self::count(&self.replays),
+            Self::count(&self.eager_runs),
+            Self::count(&self.traces),
+            Self::count(&self.compiles)
+        );
+        let phases: Vec<String> =
+            Phase::ALL.iter().map(|&p| format!("{} {:.3} ms", p.name(), self.time(p).as_secs_f64() * 1e3)).collect();
+        let _ = writeln!(s, "  time: {}", phases.join(", "));
+        for f in self.fallbacks.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(s, "  eager fallback: {f}");
+        }
+        s
+    }
+}
