@@ -15,12 +15,12 @@
 //!   failed once (the reason goes to the session summary).
 
 use crate::graph::{ElemType, NodeInfo};
-use crate::lowering::{CompileSafety, LowerCtx, Lowering};
+use crate::lowering::{CompileSafety, DerivedConstants, LowerCtx, Lowering};
 use crate::mlx::{self, Array, Closure, Dtype, MlxError, Stream, VectorArray};
 use crate::registry::Registry;
 use crate::stats::{Phase, SessionStats};
 use crate::{Error, Result};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -28,16 +28,33 @@ use std::time::Instant;
 /// How many shape keys a shape-keyed partition keeps compiled closures for.
 pub const COMPILED_CACHE_CAPACITY: usize = 8;
 
+/// Where a node input or a partition output comes from, resolved once when the plan is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The i-th runtime input of the partition.
+    Input(usize),
+    /// The i-th constant (initializer) of the partition, uploaded when the plan was built.
+    Constant(usize),
+    /// The i-th value produced by a node of the partition.
+    Value(usize),
+    /// An omitted optional input.
+    Absent,
+}
+
 struct PlanNode {
     info: NodeInfo,
     lowering: &'static dyn Lowering,
+    inputs: Vec<Source>,
+    /// The value slot of each output (`None` for an omitted optional output).
+    outputs: Vec<Option<usize>>,
 }
 
-/// One output of the partition: its value name and the dtype ORT expects.
+/// One output of the partition: its value name, where it comes from, and the dtype ORT expects.
 #[derive(Debug, Clone)]
 pub struct PlanOutput {
     pub name: String,
     pub elem_type: ElemType,
+    pub source: Source,
     dtype: Dtype,
 }
 
@@ -46,28 +63,35 @@ struct Translation {
     name: String,
     inputs: Vec<String>,
     outputs: Vec<PlanOutput>,
-    constants: HashMap<String, Array>,
+    constants: Vec<(String, Array)>,
     nodes: Vec<PlanNode>,
+    num_values: usize,
+    derived: DerivedConstants,
+    cpu: Stream,
 }
 
 impl Translation {
     /// Builds the MLX graph of the partition's outputs from `inputs` (not evaluated): each
     /// output cast to ORT's dtype and made row-contiguous.
     fn build(&self, inputs: Vec<Array>, stream: &Stream) -> Result<Vec<Array>> {
-        let mut env: HashMap<&str, Array> = self.inputs.iter().map(String::as_str).zip(inputs).collect();
+        let mut values: Vec<Option<Array>> = vec![None; self.num_values];
+        let resolve = |values: &[Option<Array>], src: Source| -> Option<Array> {
+            match src {
+                Source::Input(i) => inputs.get(i).cloned(),
+                Source::Constant(i) => Some(self.constants[i].1.clone()),
+                Source::Value(i) => values[i].clone(),
+                Source::Absent => None,
+            }
+        };
         for node in &self.nodes {
             let info = &node.info;
-            let args = info
-                .inputs
-                .iter()
-                .map(|v| {
-                    v.as_ref().and_then(|v| env.get(v.name.as_str()).or_else(|| self.constants.get(&v.name)).cloned())
-                })
-                .collect();
-            let mut ctx = LowerCtx::new(args, stream);
+            let args = node.inputs.iter().map(|&src| resolve(&values, src)).collect();
+            let constant_ids =
+                node.inputs.iter().map(|src| if let Source::Constant(i) = src { Some(*i) } else { None }).collect();
+            let mut ctx = LowerCtx::with_constants(args, constant_ids, &self.derived, stream, &self.cpu);
             let results =
                 node.lowering.lower(&mut ctx, info).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
-            if results.len() < info.outputs.iter().flatten().count() {
+            if results.len() < node.outputs.iter().flatten().count() {
                 return Err(Error::new(format!(
                     "lowering returned {} outputs for {}",
                     results.len(),
@@ -75,19 +99,18 @@ impl Translation {
                 ))
                 .at_node(&info.name, &info.qualified_op()));
             }
-            for (out, array) in info.outputs.iter().zip(results) {
-                if let Some(out) = out {
-                    env.insert(out.name.as_str(), array);
+            for (slot, array) in node.outputs.iter().zip(results) {
+                if let Some(slot) = slot {
+                    values[*slot] = Some(array);
                 }
             }
         }
         let mut results = Vec::with_capacity(self.outputs.len());
         for out in &self.outputs {
-            let a = env
-                .get(out.name.as_str())
-                .or_else(|| self.constants.get(&out.name))
-                .expect("checked when the plan was built");
-            let a = mlx::ops::astype(a, out.dtype, stream)?;
+            let a = resolve(&values, out.source).ok_or_else(|| {
+                Error::new(format!("partition {}: output '{}' was not produced", self.name, out.name))
+            })?;
+            let a = mlx::ops::astype(&a, out.dtype, stream)?;
             results.push(mlx::ops::contiguous(&a, stream)?);
         }
         Ok(results)
@@ -143,39 +166,69 @@ impl Plan {
         compile: bool,
     ) -> Result<Plan> {
         let name = name.into();
-        let mut available: HashSet<&str> =
-            inputs.iter().map(String::as_str).chain(constants.keys().map(String::as_str)).collect();
-        let mut lowerings = Vec::with_capacity(nodes.len());
+        let constants: Vec<(String, Array)> = constants.into_iter().collect();
+        let mut sources: HashMap<&str, Source> = HashMap::new();
+        for (i, n) in inputs.iter().enumerate() {
+            sources.insert(n.as_str(), Source::Input(i));
+        }
+        for (i, (n, _)) in constants.iter().enumerate() {
+            sources.entry(n.as_str()).or_insert(Source::Constant(i));
+        }
+        let mut plan_nodes = Vec::with_capacity(nodes.len());
+        let mut num_values = 0;
         for info in &nodes {
             let lowering = registry
                 .claim(info)
                 .map_err(|d| Error::new(format!("cannot lower: {d}")).at_node(&info.name, &info.qualified_op()))?;
-            for v in info.inputs.iter().flatten() {
-                if !available.contains(v.name.as_str()) {
-                    return Err(Error::new(format!("input '{}' has no source in the partition", v.name))
-                        .at_node(&info.name, &info.qualified_op()));
-                }
+            let mut node_inputs = Vec::with_capacity(info.inputs.len());
+            for v in &info.inputs {
+                node_inputs.push(match v {
+                    None => Source::Absent,
+                    Some(v) => *sources.get(v.name.as_str()).ok_or_else(|| {
+                        Error::new(format!("input '{}' has no source in the partition", v.name))
+                            .at_node(&info.name, &info.qualified_op())
+                    })?,
+                });
             }
-            available.extend(info.outputs.iter().flatten().map(|v| v.name.as_str()));
-            lowerings.push(lowering);
+            let mut node_outputs = Vec::with_capacity(info.outputs.len());
+            for v in &info.outputs {
+                node_outputs.push(v.as_ref().map(|v| {
+                    sources.insert(v.name.as_str(), Source::Value(num_values));
+                    num_values += 1;
+                    num_values - 1
+                }));
+            }
+            plan_nodes.push((lowering, node_inputs, node_outputs));
         }
         let mut resolved_outputs = Vec::with_capacity(outputs.len());
         for (out, elem_type) in outputs {
-            if !available.contains(out.as_str()) {
-                return Err(Error::new(format!("partition {name}: output '{out}' is produced by no node")));
-            }
+            let source = *sources
+                .get(out.as_str())
+                .ok_or_else(|| Error::new(format!("partition {name}: output '{out}' is produced by no node")))?;
             let dtype = elem_type
                 .to_mlx()
                 .ok_or_else(|| Error::new(format!("output '{out}' has type {elem_type:?}, which MLX cannot hold")))?;
-            resolved_outputs.push(PlanOutput { name: out, elem_type, dtype });
+            resolved_outputs.push(PlanOutput { name: out, elem_type, source, dtype });
         }
-        let nodes: Vec<PlanNode> =
-            nodes.into_iter().zip(lowerings).map(|(info, lowering)| PlanNode { info, lowering }).collect();
+        let nodes: Vec<PlanNode> = nodes
+            .into_iter()
+            .zip(plan_nodes)
+            .map(|(info, (lowering, inputs, outputs))| PlanNode { info, lowering, inputs, outputs })
+            .collect();
         let mode = choose_mode(&nodes, compile);
         if let Mode::Eager(reason) = &mode {
             stats.record_fallback(format!("partition {name}: {reason}"));
         }
-        let translation = Translation { name, inputs, outputs: resolved_outputs, constants, nodes };
+        let translation = Translation {
+            name,
+            inputs,
+            outputs: resolved_outputs,
+            constants,
+            nodes,
+            num_values,
+            derived: DerivedConstants::new(Arc::clone(&stats)),
+            cpu: Stream::cpu()?,
+        };
         Ok(Plan {
             translation: Arc::new(translation),
             stream: Stream::default_device()?,
@@ -344,6 +397,28 @@ mod tests {
     static MUL: TestBinary = TestBinary("Mul", mlx::ops::multiply, CompileSafety::Shapeless);
     static SUB_KEYED: TestBinary = TestBinary("Sub", mlx::ops::subtract, CompileSafety::ShapeKeyed);
     static DIV_NEVER: TestBinary = TestBinary("Div", mlx::ops::divide, CompileSafety::Never);
+
+    /// `a @ transpose(b)`, transposing through the derived-constant cache.
+    struct MatMulTransB;
+    impl Lowering for MatMulTransB {
+        fn op_type(&self) -> &'static str {
+            "MatMulTransB"
+        }
+        fn opsets(&self) -> std::ops::RangeInclusive<i32> {
+            1..=i32::MAX
+        }
+        fn claim(&self, _: &NodeInfo) -> std::result::Result<(), Decline> {
+            Ok(())
+        }
+        fn lower(&self, ctx: &mut LowerCtx<'_>, _: &NodeInfo) -> Result<Vec<Array>> {
+            let bt = ctx.derived(1, "transpose", |b, s| Ok(mlx::ops::transpose(b, s)?))?;
+            Ok(vec![mlx::ops::matmul(ctx.input(0)?, &bt, ctx.stream())?])
+        }
+        fn compile_safety(&self) -> CompileSafety {
+            CompileSafety::Shapeless
+        }
+    }
+    static MATMUL_TRANS_B: MatMulTransB = MatMulTransB;
 
     fn value(name: &str) -> Option<ValueInfo> {
         Some(ValueInfo { name: name.into(), elem_type: Some(ElemType::F32), shape: None, is_constant: false })
@@ -574,5 +649,60 @@ mod tests {
             let want: Vec<f32> = (0..n).flat_map(|i| (0..n).map(move |j| i as f32 + 10.0 * j as f32)).collect();
             assert_eq!(y[0].to_vec::<f32>(&s).unwrap(), want, "n = {n}");
         }
+    }
+
+    fn trans_b_plan(compile: bool, weight_is_constant: bool) -> (Plan, Arc<SessionStats>) {
+        let registry = Registry::build(&[&MATMUL_TRANS_B]).unwrap();
+        let stats = Arc::new(SessionStats::default());
+        let w = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+        let (inputs, constants) = if weight_is_constant {
+            (vec!["x".into()], HashMap::from([("w".to_owned(), w)]))
+        } else {
+            (vec!["x".into(), "w".into()], HashMap::new())
+        };
+        let mut n = node("MatMulTransB", ["x", "w"], "y");
+        n.name = "mm".into();
+        let plan = Plan::new(
+            "p",
+            vec![n],
+            inputs,
+            vec![("y".into(), ElemType::F32)],
+            constants,
+            &registry,
+            Arc::clone(&stats),
+            compile,
+        )
+        .unwrap();
+        (plan, stats)
+    }
+
+    #[test]
+    fn a_constant_transform_runs_once_per_session() {
+        let _g = mlx::lock();
+        let s = Stream::cpu().unwrap();
+        for compile in [false, true] {
+            let (plan, stats) = trans_b_plan(compile, true);
+            for rows in [1i64, 2, 1] {
+                let (x, _) = ramp(&[rows, 3]);
+                let y = plan.run(vec![x]).unwrap();
+                // x = [-1, -0.75, -0.5] (and [-0.25, 0, 0.25]); w rows [1, 2, 3], [4, 5, 6].
+                let want: Vec<f32> =
+                    [[-4.0f32, -10.75], [0.5, 0.5]].iter().take(rows as usize).flatten().copied().collect();
+                assert_eq!(y[0].to_vec::<f32>(&s).unwrap(), want, "compile {compile}");
+            }
+            assert_eq!(count(&stats.derived_constants), 1, "compile {compile}: transposed once");
+        }
+    }
+
+    #[test]
+    fn transforms_of_runtime_inputs_are_never_cached() {
+        let _g = mlx::lock();
+        let (plan, stats) = trans_b_plan(false, false);
+        for _ in 0..2 {
+            let (x, _) = ramp(&[1, 3]);
+            let w = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+            plan.run(vec![x, w]).unwrap();
+        }
+        assert_eq!(count(&stats.derived_constants), 0);
     }
 }

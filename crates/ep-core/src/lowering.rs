@@ -93,15 +93,32 @@ pub trait Lowering: Sync + 'static {
     }
 }
 
-/// What a lowering gets to build with: the node's input arrays and the stream to build on.
+/// What a lowering gets to build with: the node's input arrays, the stream to build on, and a
+/// session cache for work done on constant inputs.
 pub struct LowerCtx<'a> {
     inputs: Vec<Option<Array>>,
+    /// For each input that is a constant of the partition: its index in the plan.
+    constants: Vec<Option<usize>>,
+    derived: Option<&'a DerivedConstants>,
     stream: &'a Stream,
+    cpu: &'a Stream,
 }
 
 impl<'a> LowerCtx<'a> {
-    pub fn new(inputs: Vec<Option<Array>>, stream: &'a Stream) -> LowerCtx<'a> {
-        LowerCtx { inputs, stream }
+    /// A context over plain inputs (no constants, no derived-constant cache).
+    pub fn new(inputs: Vec<Option<Array>>, stream: &'a Stream, cpu: &'a Stream) -> LowerCtx<'a> {
+        let constants = vec![None; inputs.len()];
+        LowerCtx { inputs, constants, derived: None, stream, cpu }
+    }
+
+    pub(crate) fn with_constants(
+        inputs: Vec<Option<Array>>,
+        constants: Vec<Option<usize>>,
+        derived: &'a DerivedConstants,
+        stream: &'a Stream,
+        cpu: &'a Stream,
+    ) -> LowerCtx<'a> {
+        LowerCtx { inputs, constants, derived: Some(derived), stream, cpu }
     }
 
     /// Input `i`; an error when it is absent.
@@ -118,8 +135,67 @@ impl<'a> LowerCtx<'a> {
         self.inputs.len()
     }
 
+    /// Whether input `i` is a constant (an initializer) of the partition.
+    pub fn is_constant(&self, i: usize) -> bool {
+        self.constants.get(i).is_some_and(Option::is_some)
+    }
+
+    /// The stream to build on (the default device's).
     pub fn stream(&self) -> &'a Stream {
         self.stream
+    }
+
+    /// The CPU stream: for small integer shape arithmetic, which should never round-trip
+    /// through a GPU, and for float64, which MLX GPUs do not support.
+    pub fn cpu_stream(&self) -> &'a Stream {
+        self.cpu
+    }
+
+    /// The stream for work on `dtype`: the CPU stream for float64, else [`Self::stream`].
+    pub fn stream_for(&self, dtype: crate::mlx::Dtype) -> &'a Stream {
+        if dtype == crate::mlx::Dtype::F64 { self.cpu } else { self.stream }
+    }
+
+    /// `transform(input i)`. When input `i` is a constant, the result is computed and
+    /// evaluated once per session (per constant and `tag`) and reused by every later run and
+    /// by every node asking for the same `tag` of the same constant: weight transposes, casts
+    /// and repacks cost nothing after the first run. `tag` names the transform and must
+    /// determine it completely.
+    pub fn derived(
+        &self,
+        i: usize,
+        tag: &'static str,
+        transform: impl FnOnce(&Array, &Stream) -> Result<Array>,
+    ) -> Result<Array> {
+        let input = self.input(i)?;
+        match (self.constants.get(i).copied().flatten(), self.derived) {
+            (Some(id), Some(cache)) => cache.get_or_compute(id, tag, || transform(input, self.stream)),
+            _ => transform(input, self.stream),
+        }
+    }
+}
+
+/// The session's cache of values derived from constants, keyed by (constant, transform tag).
+pub struct DerivedConstants {
+    values: std::sync::Mutex<std::collections::HashMap<(usize, &'static str), Array>>,
+    stats: std::sync::Arc<crate::stats::SessionStats>,
+}
+
+impl DerivedConstants {
+    pub fn new(stats: std::sync::Arc<crate::stats::SessionStats>) -> DerivedConstants {
+        DerivedConstants { values: Default::default(), stats }
+    }
+
+    fn get_or_compute(&self, id: usize, tag: &'static str, compute: impl FnOnce() -> Result<Array>) -> Result<Array> {
+        let mut values = self.values.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(a) = values.get(&(id, tag)) {
+            return Ok(a.clone());
+        }
+        let a = compute()?;
+        a.eval()?;
+        self.stats.derived_constants.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        values.insert((id, tag), a.clone());
+        Ok(a)
     }
 }
 

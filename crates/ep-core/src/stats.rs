@@ -48,6 +48,8 @@ pub struct SessionStats {
     pub replays: AtomicU64,
     /// Runs that built and evaluated the MLX graph eagerly.
     pub eager_runs: AtomicU64,
+    /// Values computed from constants (transposes, casts, repacks), each once per session.
+    pub derived_constants: AtomicU64,
     phase_ns: [AtomicU64; 5],
     fallbacks: Mutex<Vec<String>>,
 }
@@ -106,6 +108,7 @@ impl SessionStats {
             Self::count(&self.traces),
             Self::count(&self.compiles)
         );
+        let _ = writeln!(s, "  derived constants computed: {}", Self::count(&self.derived_constants));
         let phases: Vec<String> =
             Phase::ALL.iter().map(|&p| format!("{} {:.3} ms", p.name(), self.time(p).as_secs_f64() * 1e3)).collect();
         let _ = writeln!(s, "  time: {}", phases.join(", "));

@@ -69,14 +69,16 @@ impl Lowering for Gemm {
         let s = ctx.stream();
         let alpha = node.attr_float("alpha", 1.0).map_err(ep_core::Error::new)?;
         let beta = node.attr_float("beta", 1.0).map_err(ep_core::Error::new)?;
-        let mut a = ctx.input(0)?.clone();
-        let mut b = ctx.input(1)?.clone();
-        if node.attr_int("transA", 0).map_err(ep_core::Error::new)? == 1 {
-            a = ops::transpose(&a, s)?;
-        }
-        if node.attr_int("transB", 0).map_err(ep_core::Error::new)? == 1 {
-            b = ops::transpose(&b, s)?;
-        }
+        // A transposed weight is computed once per session (derived constant), not per run.
+        let transposed = |i: usize, flag: &str| -> Result<Array> {
+            if node.attr_int(flag, 0).map_err(ep_core::Error::new)? == 1 {
+                ctx.derived(i, "transpose", |x, s| Ok(ops::transpose(x, s)?))
+            } else {
+                Ok(ctx.input(i)?.clone())
+            }
+        };
+        let a = transposed(0, "transA")?;
+        let b = transposed(1, "transB")?;
         // `alpha * (A' @ B') + beta * C` as a product and a broadcasting add, not MLX's fused
         // addmm: compiled shapeless, addmm keeps the trace's shape for C and corrupts memory
         // when a later call has fewer rows (MLX 0.32.2).
