@@ -54,7 +54,7 @@ fn main() {
     let mut builder = bindgen::Builder::default()
         .header(mlx_c.join("mlx/c/mlx.h").to_str().expect("utf-8 path"))
         .clang_arg(format!("-I{}", mlx_c.display()))
-        .allowlist_function("mlx_.*")
+        .allowlist_function("_?mlx_.*")
         .allowlist_type("mlx_.*")
         .allowlist_var("MLX_.*")
         .default_enum_style(bindgen::EnumVariation::Rust { non_exhaustive: false })

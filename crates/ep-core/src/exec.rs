@@ -63,7 +63,7 @@ struct Translation {
     name: String,
     inputs: Vec<String>,
     outputs: Vec<PlanOutput>,
-    constants: Vec<(String, Array)>,
+    constants: Vec<(String, Arc<Array>)>,
     nodes: Vec<PlanNode>,
     num_values: usize,
     derived: DerivedConstants,
@@ -78,7 +78,7 @@ impl Translation {
         let resolve = |values: &[Option<Array>], src: Source| -> Option<Array> {
             match src {
                 Source::Input(i) => inputs.get(i).cloned(),
-                Source::Constant(i) => Some(self.constants[i].1.clone()),
+                Source::Constant(i) => Some(Array::clone(&self.constants[i].1)),
                 Source::Value(i) => values[i].clone(),
                 Source::Absent => None,
             }
@@ -160,13 +160,13 @@ impl Plan {
         nodes: Vec<NodeInfo>,
         inputs: Vec<String>,
         outputs: Vec<(String, ElemType)>,
-        constants: HashMap<String, Array>,
+        constants: HashMap<String, Arc<Array>>,
         registry: &Registry,
         stats: Arc<SessionStats>,
         compile: bool,
     ) -> Result<Plan> {
         let name = name.into();
-        let constants: Vec<(String, Array)> = constants.into_iter().collect();
+        let constants: Vec<(String, Arc<Array>)> = constants.into_iter().collect();
         let mut sources: HashMap<&str, Source> = HashMap::new();
         for (i, n) in inputs.iter().enumerate() {
             sources.insert(n.as_str(), Source::Input(i));
@@ -434,7 +434,7 @@ mod tests {
             vec![node(op1, ["x", "w"], "t"), node(op2, ["t", "x"], "y")],
             vec!["x".into()],
             vec![("y".into(), ElemType::F32)],
-            HashMap::from([("w".to_owned(), w)]),
+            HashMap::from([("w".to_owned(), Arc::new(w))]),
             &registry,
             Arc::clone(&stats),
             compile,
@@ -475,7 +475,7 @@ mod tests {
             vec![node("Add", ["x", "w"], "t"), node("Mul", ["t", "x"], "y")],
             vec!["x".into()],
             vec![("y".into(), ElemType::F32), ("t".into(), ElemType::F32)],
-            HashMap::from([("w".to_owned(), w)]),
+            HashMap::from([("w".to_owned(), Arc::new(w))]),
             &registry,
             Arc::new(SessionStats::default()),
             false,
@@ -656,7 +656,7 @@ mod tests {
         let stats = Arc::new(SessionStats::default());
         let w = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
         let (inputs, constants) = if weight_is_constant {
-            (vec!["x".into()], HashMap::from([("w".to_owned(), w)]))
+            (vec!["x".into()], HashMap::from([("w".to_owned(), Arc::new(w))]))
         } else {
             (vec!["x".into(), "w".into()], HashMap::new())
         };

@@ -18,6 +18,7 @@ pub mod lowering;
 pub mod mlx;
 pub mod partition;
 pub mod registry;
+pub mod shared;
 pub mod stats;
 
 #[doc(hidden)]

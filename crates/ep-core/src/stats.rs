@@ -109,6 +109,14 @@ impl SessionStats {
             Self::count(&self.compiles)
         );
         let _ = writeln!(s, "  derived constants computed: {}", Self::count(&self.derived_constants));
+        let shared = crate::shared::SharedConstants::global();
+        let _ = writeln!(
+            s,
+            "  constants (process-wide): {} uploaded, {} shared ({} bytes not copied again)",
+            Self::count(&shared.uploads),
+            Self::count(&shared.reuses),
+            Self::count(&shared.bytes_saved)
+        );
         let phases: Vec<String> =
             Phase::ALL.iter().map(|&p| format!("{} {:.3} ms", p.name(), self.time(p).as_secs_f64() * 1e3)).collect();
         let _ = writeln!(s, "  time: {}", phases.join(", "));

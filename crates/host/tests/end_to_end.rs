@@ -188,3 +188,20 @@ fn one_session_serves_changing_batch_sizes() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn two_live_sessions_of_one_model_both_compute_correctly() -> Result<()> {
+    // The second session's weights are served from the first one's MLX copies (shared by
+    // content); both sessions stay correct while alive together and after one is dropped.
+    let mut cpu = models::mlp(24, 48, 6)?.into_session(&session_builder(Ep::Cpu)?)?;
+    let mut first = models::mlp(24, 48, 6)?.into_session(&session_builder(Ep::Mlx)?)?;
+    let mut second = models::mlp(24, 48, 6)?.into_session(&session_builder(Ep::Mlx)?)?;
+    let dims = HashMap::from([("batch".to_string(), 3)]);
+    let inputs = values::random_inputs(&cpu, &dims, 21)?;
+    let expected = values::run(&mut cpu, &inputs)?;
+    assert_close(&values::run(&mut first, &inputs)?, &expected, 1e-5, 1e-4);
+    assert_close(&values::run(&mut second, &inputs)?, &expected, 1e-5, 1e-4);
+    drop(first);
+    assert_close(&values::run(&mut second, &inputs)?, &expected, 1e-5, 1e-4);
+    Ok(())
+}

@@ -110,6 +110,29 @@ impl Array {
         Ok(())
     }
 
+    /// The array's bytes when it already holds row-contiguous data in host-visible memory
+    /// (e.g. created from host data); `None` when it would need an evaluation or a copy.
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        // SAFETY: reads flags of a valid handle; the data pointer of an available, row-contiguous
+        // array covers `size * itemsize` bytes for as long as `self` holds its reference.
+        unsafe {
+            let mut available = false;
+            if mlx_sys::_mlx_array_is_available(&mut available, self.0) != 0 || !available {
+                return None;
+            }
+            let mut contiguous = false;
+            if mlx_sys::_mlx_array_is_row_contiguous(&mut contiguous, self.0) != 0 || !contiguous {
+                return None;
+            }
+            let n = self.size() * self.dtype().size_in_bytes();
+            if n == 0 {
+                return Some(&[]);
+            }
+            let p = mlx_sys::mlx_array_data_uint8(self.0);
+            if p.is_null() { None } else { Some(std::slice::from_raw_parts(p, n)) }
+        }
+    }
+
     /// Copies the array into a new vector of `T` (which must match the dtype).
     pub fn to_vec<T: Element>(&self, stream: &Stream) -> Result<Vec<T>> {
         if self.dtype() != T::DTYPE {

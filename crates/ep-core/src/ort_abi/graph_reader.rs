@@ -219,13 +219,18 @@ pub(crate) unsafe fn tensor_to_array(value: *const OrtValue, what: &str) -> Resu
     Ok(Array::from_bytes(t.bytes, &t.shape, dtype)?)
 }
 
-/// The data of a constant initializer, as an MLX array.
-pub(crate) fn initializer_array(v: *const OrtValueInfo, name: &str) -> Result<Array> {
+/// The data of a constant initializer as an MLX array, shared with every other live plan of
+/// the process that holds the same content (see [`crate::shared`]).
+pub(crate) fn initializer_array(v: *const OrtValueInfo, name: &str) -> Result<std::sync::Arc<Array>> {
     let mut value: *const OrtValue = null();
     ort_call!(ValueInfo_GetInitializerValue(v, &mut value))?;
     if value.is_null() {
         return Err(Error::new(format!("initializer '{name}' has no value")));
     }
     // SAFETY: ORT keeps the initializer alive during Compile, when this is called.
-    unsafe { tensor_to_array(value, &format!("initializer '{name}'")) }
+    let t = unsafe { tensor_ref(value)? };
+    let dtype = t.elem_type.to_mlx().ok_or_else(|| {
+        Error::new(format!("initializer '{name}' has element type {:?}, which MLX cannot hold", t.elem_type))
+    })?;
+    crate::shared::SharedConstants::global().get(t.bytes, &t.shape, dtype)
 }
