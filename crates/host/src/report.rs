@@ -141,18 +141,17 @@ pub fn compare_eps(source: &Source, opts: &Options) -> Result<Report> {
     Ok(Report { model: source.name(), inputs, cpu, mlx, diffs })
 }
 
-fn nodes_by_ep(run: &EpRun) -> Vec<(String, usize, Vec<String>)> {
-    let mut order: Vec<String> = Vec::new();
-    let mut by: HashMap<String, (usize, Vec<String>)> = HashMap::new();
+/// Per EP in order of appearance: its subgraphs, each a list of "name (op)".
+fn nodes_by_ep(run: &EpRun) -> Vec<(String, Vec<Vec<String>>)> {
+    let mut out: Vec<(String, Vec<Vec<String>>)> = Vec::new();
     for a in &run.assignment {
-        if !order.contains(&a.ep) {
-            order.push(a.ep.clone());
+        let nodes = a.nodes.iter().map(|n| format!("{} ({})", n.name, n.op_type)).collect();
+        match out.iter_mut().find(|(ep, _)| *ep == a.ep) {
+            Some((_, groups)) => groups.push(nodes),
+            None => out.push((a.ep.clone(), vec![nodes])),
         }
-        let e = by.entry(a.ep.clone()).or_default();
-        e.0 += 1;
-        e.1.extend(a.nodes.iter().map(|n| format!("{} ({})", n.name, n.op_type)));
     }
-    order.into_iter().map(|ep| (ep.clone(), by[&ep].0, by[&ep].1.clone())).collect()
+    out
 }
 
 pub fn print(report: &Report) {
@@ -162,11 +161,18 @@ pub fn print(report: &Report) {
     }
     let total: usize = report.mlx.assignment.iter().map(|a| a.nodes.len()).sum();
     println!("\nnode assignment with the MLX EP ({total} nodes after ORT's graph optimizations):");
-    for (ep, groups, nodes) in nodes_by_ep(&report.mlx) {
-        let parts = if ep == MLX_EP { format!(" in {groups} partition(s)") } else { String::new() };
-        println!("  {ep}: {} node(s){parts}", nodes.len());
-        for n in nodes {
-            println!("    {n}");
+    for (ep, groups) in nodes_by_ep(&report.mlx) {
+        let count: usize = groups.iter().map(Vec::len).sum();
+        if ep == MLX_EP {
+            println!("  {ep}: {count} node(s) in {} partition(s)", groups.len());
+            for (i, g) in groups.iter().enumerate() {
+                println!("    partition {}: {}", i + 1, g.join(", "));
+            }
+        } else {
+            println!("  {ep}: {count} node(s)");
+            for n in groups.iter().flatten() {
+                println!("    {n}");
+            }
         }
     }
     if !report.mlx.assignment.iter().any(|a| a.ep == CPU_EP) {
