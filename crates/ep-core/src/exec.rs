@@ -68,6 +68,7 @@ struct Translation {
     num_values: usize,
     derived: DerivedConstants,
     cpu: Stream,
+    stats: Arc<SessionStats>,
 }
 
 impl Translation {
@@ -85,12 +86,21 @@ impl Translation {
         };
         for node in &self.nodes {
             let info = &node.info;
-            let args = node.inputs.iter().map(|&src| resolve(&values, src)).collect();
+            let args: Vec<Option<Array>> = node.inputs.iter().map(|&src| resolve(&values, src)).collect();
             let constant_ids =
                 node.inputs.iter().map(|src| if let Source::Constant(i) = src { Some(*i) } else { None }).collect();
+            let tracer = self.stats.tracer();
+            let described = tracer.map(|_| describe(&args));
+            let started = Instant::now();
             let mut ctx = LowerCtx::with_constants(args, constant_ids, &self.derived, stream, &self.cpu);
             let results =
                 node.lowering.lower(&mut ctx, info).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
+            if let (Some(t), Some(inputs)) = (tracer, described) {
+                let args = serde_json::json!({
+                    "op": info.qualified_op(), "inputs": inputs, "outputs": describe_all(&results),
+                });
+                t.record(info.name.clone(), "node", started, Instant::now(), args);
+            }
             if results.len() < node.outputs.iter().flatten().count() {
                 return Err(Error::new(format!(
                     "lowering returned {} outputs for {}",
@@ -115,6 +125,18 @@ impl Translation {
         }
         Ok(results)
     }
+}
+
+/// "dtype[shape]" of each input, for trace spans.
+fn describe(arrays: &[Option<Array>]) -> Vec<String> {
+    arrays
+        .iter()
+        .map(|a| a.as_ref().map_or_else(|| "absent".to_owned(), |a| format!("{:?}{:?}", a.dtype(), a.shape())))
+        .collect()
+}
+
+fn describe_all(arrays: &[Array]) -> Vec<String> {
+    arrays.iter().map(|a| format!("{:?}{:?}", a.dtype(), a.shape())).collect()
 }
 
 /// How a partition's graph is obtained on each run.
@@ -228,6 +250,7 @@ impl Plan {
             num_values,
             derived: DerivedConstants::new(Arc::clone(&stats)),
             cpu: Stream::cpu()?,
+            stats: Arc::clone(&stats),
         };
         Ok(Plan {
             translation: Arc::new(translation),
@@ -291,20 +314,20 @@ impl Plan {
                 }
             }
         }
-        let started = Instant::now();
-        let outputs = t.build(inputs, &self.stream)?;
-        self.stats.add_time(Phase::Translate, started.elapsed());
+        let outputs = {
+            let _timer = self.stats.phase(Phase::Translate, &t.name);
+            t.build(inputs, &self.stream)?
+        };
         self.stats.eager_runs.fetch_add(1, Ordering::Relaxed);
         self.evaluate(&outputs)?;
         Ok(outputs)
     }
 
     fn evaluate(&self, outputs: &[Array]) -> Result<()> {
-        let started = Instant::now();
+        let _timer = self.stats.phase(Phase::Eval, &self.translation.name);
         VectorArray::from_arrays(outputs.iter())?
             .eval()
             .map_err(|e| Error::new(format!("partition {}: {e}", self.translation.name)))?;
-        self.stats.add_time(Phase::Eval, started.elapsed());
         Ok(())
     }
 
@@ -342,9 +365,10 @@ impl Plan {
             let stream = Stream::default_device()?;
             translation.build(args.to_vec(), &stream).map_err(|e| MlxError(e.0))
         });
-        let started = Instant::now();
-        let compiled = Arc::new(traced.compile(shapeless)?);
-        self.stats.add_time(Phase::Compile, started.elapsed());
+        let compiled = {
+            let _timer = self.stats.phase(Phase::Compile, &self.translation.name);
+            Arc::new(traced.compile(shapeless)?)
+        };
         self.stats.compiles.fetch_add(1, Ordering::Relaxed);
         if cache.entries.len() >= COMPILED_CACHE_CAPACITY {
             cache.entries.pop_front();
@@ -704,5 +728,40 @@ mod tests {
             plan.run(vec![x, w]).unwrap();
         }
         assert_eq!(count(&stats.derived_constants), 0);
+    }
+
+    #[test]
+    fn a_trace_records_phases_and_node_builds() {
+        let _g = mlx::lock();
+        let path = std::env::temp_dir().join(format!("mlx-ep-trace-test-{}.json", std::process::id()));
+        let registry = Registry::build(&[&ADD, &MUL]).unwrap();
+        let stats = Arc::new(SessionStats::with_tracer(Some(crate::trace::Tracer::new(path.clone()))));
+        let w = Array::from_slice(&[0.5f32], &[1]).unwrap();
+        let plan = Plan::new(
+            "traced",
+            vec![node("Add", ["x", "w"], "t"), node("Mul", ["t", "x"], "y")],
+            vec!["x".into()],
+            vec![("y".into(), ElemType::F32)],
+            HashMap::from([("w".to_owned(), Arc::new(w))]),
+            &registry,
+            Arc::clone(&stats),
+            true,
+        )
+        .unwrap();
+        plan.run(vec![ramp(&[2, 3]).0]).unwrap();
+        plan.run(vec![ramp(&[2, 3]).0]).unwrap();
+        stats.finish();
+        let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let events = trace["traceEvents"].as_array().unwrap();
+        let named = |name: &str| events.iter().filter(|e| e["name"] == name).count();
+        assert_eq!(named("compile"), 1);
+        assert_eq!(named("eval"), 2);
+        // Nodes are built once, by the single trace, with their shapes recorded.
+        assert_eq!(named("Add_node"), 1);
+        let add = events.iter().find(|e| e["name"] == "Add_node").unwrap();
+        assert_eq!(add["args"]["op"], "Add");
+        assert_eq!(add["args"]["outputs"][0], "F32[2, 3]");
+        assert!(events.iter().all(|e| e["ph"] == "X" && e["dur"].as_f64().unwrap() >= 0.0));
     }
 }

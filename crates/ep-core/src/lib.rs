@@ -20,6 +20,7 @@ pub mod partition;
 pub mod registry;
 pub mod shared;
 pub mod stats;
+pub mod trace;
 
 #[doc(hidden)]
 pub mod ort_abi;

@@ -1,11 +1,12 @@
 //! Per-session counters and timings, printed at session teardown when
 //! `ONNXRUNTIME_EP_MLX_VERBOSE=1`.
 
+use crate::trace::Tracer;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A phase of a partition run whose time is accumulated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -52,6 +53,7 @@ pub struct SessionStats {
     pub derived_constants: AtomicU64,
     phase_ns: [AtomicU64; 5],
     fallbacks: Mutex<Vec<String>>,
+    tracer: Option<Tracer>,
 }
 
 #[derive(Default, Clone)]
@@ -62,7 +64,49 @@ struct ClaimSummary {
     ops: BTreeMap<String, usize>,
 }
 
+/// Times one phase of a partition run; on drop adds the time to the session's totals and, when
+/// tracing, records a span.
+pub struct PhaseTimer<'a> {
+    stats: &'a SessionStats,
+    phase: Phase,
+    partition: &'a str,
+    start: Instant,
+}
+
+impl Drop for PhaseTimer<'_> {
+    fn drop(&mut self) {
+        let end = Instant::now();
+        self.stats.add_time(self.phase, end - self.start);
+        if let Some(t) = &self.stats.tracer {
+            t.record(self.phase.name(), "phase", self.start, end, serde_json::json!({ "partition": self.partition }));
+        }
+    }
+}
+
 impl SessionStats {
+    /// Statistics that also record a Chrome trace.
+    pub fn with_tracer(tracer: Option<Tracer>) -> SessionStats {
+        SessionStats { tracer, ..SessionStats::default() }
+    }
+
+    pub fn tracer(&self) -> Option<&Tracer> {
+        self.tracer.as_ref()
+    }
+
+    /// Starts timing `phase` of `partition`.
+    pub fn phase<'a>(&'a self, phase: Phase, partition: &'a str) -> PhaseTimer<'a> {
+        PhaseTimer { stats: self, phase, partition, start: Instant::now() }
+    }
+
+    /// Writes the trace, if one is being recorded.
+    pub fn finish(&self) {
+        if let Some(t) = &self.tracer
+            && let Err(e) = t.write()
+        {
+            eprintln!("[{}] could not write the trace {}: {e}", crate::EP_NAME, t.path().display());
+        }
+    }
+
     /// Records one `GetCapability` result (ORT may call it for several graphs).
     pub fn record_claims(&self, nodes_total: usize, claimed_ops: &[String], partition_sizes: &[usize]) {
         let mut c = self.claim.lock().unwrap_or_else(|p| p.into_inner());

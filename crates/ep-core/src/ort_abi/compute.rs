@@ -70,7 +70,8 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
         return Err(Error::new(format!("ORT passed {count} inputs, the partition has {}", plan.inputs().len())));
     }
     let _mlx = mlx::lock();
-    let started = Instant::now();
+    let run_started = Instant::now();
+    let copy_in = plan.stats().phase(Phase::CopyIn, plan.name());
     let mut inputs = Vec::with_capacity(count);
     for (i, name) in plan.inputs().iter().enumerate() {
         let mut value: *const OrtValue = null();
@@ -81,9 +82,9 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
         // SAFETY: ORT keeps input values alive during Compute.
         inputs.push(unsafe { tensor_to_array(value, &format!("input '{name}'"))? });
     }
-    plan.stats().add_time(Phase::CopyIn, started.elapsed());
+    drop(copy_in);
     let outputs = plan.run(inputs)?;
-    let started = Instant::now();
+    let copy_out = plan.stats().phase(Phase::CopyOut, plan.name());
     for (i, (array, out)) in outputs.iter().zip(plan.outputs()).enumerate() {
         let shape = array.shape();
         let mut value: *mut OrtValue = null_mut();
@@ -103,6 +104,15 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
         };
         array.copy_to(buf, plan.stream()).map_err(|e| Error::new(format!("output '{}': {e}", out.name)))?;
     }
-    plan.stats().add_time(Phase::CopyOut, started.elapsed());
+    drop(copy_out);
+    if let Some(t) = plan.stats().tracer() {
+        t.record(
+            plan.name(),
+            "partition",
+            run_started,
+            Instant::now(),
+            serde_json::json!({ "mode": format!("{:?}", plan.mode()) }),
+        );
+    }
     Ok(())
 }

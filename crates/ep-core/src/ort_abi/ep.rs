@@ -32,6 +32,7 @@ impl Drop for Ep {
         if self.verbose {
             eprint!("{}", self.stats.summary());
         }
+        self.stats.finish();
     }
 }
 
@@ -62,7 +63,7 @@ impl Ep {
             claim_debug: env_flag("ONNXRUNTIME_EP_MLX_CLAIM_DEBUG"),
             verbose: env_flag("ONNXRUNTIME_EP_MLX_VERBOSE"),
             compile: std::env::var("ONNXRUNTIME_EP_MLX_COMPILE").map_or(true, |v| v != "0"),
-            stats: Arc::new(SessionStats::default()),
+            stats: Arc::new(SessionStats::with_tracer(crate::trace::Tracer::from_env())),
         }))
     }
 }
