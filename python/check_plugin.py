@@ -4,7 +4,10 @@ assignment info must show which EP ran each node, and outputs must match the CPU
 
 Run by `cargo xtask test` with ORT_MLX_EP_LIB pointing at the built plugin."""
 
+import gc
 import os
+import re
+import subprocess
 import sys
 
 import numpy as np
@@ -99,7 +102,81 @@ def test_float16():
     )
 
 
+def kv_model():
+    node = helper.make_node("TensorScatter", ["past", "update", "write_indices"], ["present"], name="kv_update")
+    graph = helper.make_graph(
+        [node],
+        "kv",
+        [
+            helper.make_tensor_value_info("past", TensorProto.FLOAT, [2, 8, 4]),
+            helper.make_tensor_value_info("update", TensorProto.FLOAT, [2, 1, 4]),
+            helper.make_tensor_value_info("write_indices", TensorProto.INT64, [2]),
+        ],
+        [helper.make_tensor_value_info("present", TensorProto.FLOAT, [2, 8, 4])],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)])
+    m.ir_version = 11
+    return m.SerializeToString()
+
+
+def kv_inputs():
+    past = np.arange(2 * 8 * 4, dtype=np.float32).reshape(2, 8, 4)
+    update = -np.ones((2, 1, 4), np.float32)
+    idx = np.array([3, 6], np.int64)
+    want = past.copy()
+    want[0, 3] = -1
+    want[1, 6] = -1
+    return past, update, idx, want
+
+
+def run_shared_buffer(session):
+    """past and present bound to one buffer, as onnxruntime-genai binds a KV cache."""
+    past, update, idx, want = kv_inputs()
+    cache = ort.OrtValue.ortvalue_from_numpy(past)
+    binding = session.io_binding()
+    binding.bind_ortvalue_input("past", cache)
+    binding.bind_cpu_input("update", update)
+    binding.bind_cpu_input("write_indices", idx)
+    binding.bind_ortvalue_output("present", cache)
+    session.run_with_iobinding(binding)
+    np.testing.assert_array_equal(cache.numpy(), want)
+
+
+def test_kv_cache_update():
+    m = kv_model()
+    s = mlx_session(m)
+    assert assigned(s) == {"kv_update": EP}, assigned(s)
+    past, update, idx, want = kv_inputs()
+    original = past.copy()
+    np.testing.assert_array_equal(s.run(None, {"past": past, "update": update, "write_indices": idx})[0], want)
+    np.testing.assert_array_equal(past, original)  # a plain run never touches the caller's input
+    run_shared_buffer(s)
+
+
+def test_kv_cache_shared_buffer_copies_only_changed_rows():
+    # A child process prints the EP's session summary at teardown; read its in-place counters.
+    env = dict(os.environ, ONNXRUNTIME_EP_MLX_VERBOSE="1")
+    child = subprocess.run([sys.executable, __file__, "--kv-child"], env=env, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stdout + child.stderr
+    found = re.search(r"in-place outputs: (\d+) bytes of changed rows written, (\d+) bytes already in place", child.stderr)
+    assert found, child.stderr
+    written, in_place = int(found.group(1)), int(found.group(2))
+    row = 4 * 4  # one row of 4 float32
+    assert (written, in_place) == (2 * row, 2 * 8 * row - 2 * row), (written, in_place)
+
+
+def kv_child():
+    ort.register_execution_provider_library("MLX", os.environ["ORT_MLX_EP_LIB"])
+    s = mlx_session(kv_model())
+    run_shared_buffer(s)
+    del s
+    gc.collect()
+    return 0
+
+
 def main():
+    if sys.argv[1:] == ["--kv-child"]:
+        return kv_child()
     lib = os.environ.get("ORT_MLX_EP_LIB")
     if not lib or not os.path.exists(lib):
         print(f"ORT_MLX_EP_LIB must point at the built plugin (got {lib!r})")
@@ -108,6 +185,8 @@ def main():
     check("onnxruntime is the pinned 1.31.1", test_version)
     check("mixed graph: claimed nodes on MLX, Cos on CPU, outputs match", test_mixed_graph)
     check("float16 graph on MLX", test_float16)
+    check("KV cache update (TensorScatter): plain run and past/present sharing one buffer", test_kv_cache_update)
+    check("shared KV buffer: only the changed rows are copied", test_kv_cache_shared_buffer_copies_only_changed_rows)
     failed = sum(1 for _, e in results if e is not None)
     print(f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0

@@ -4,7 +4,7 @@
 use conformance::{Case, check, no_attributes};
 use mlx_ep_host::Result;
 use mlx_ep_host::ort::operator::Attribute;
-use mlx_ep_host::ort::value::TensorElementType::{self, Float16 as F16, Float32 as F32};
+use mlx_ep_host::ort::value::TensorElementType::{self, Float16 as F16, Float32 as F32, Int64 as I64};
 
 fn unary(op: &'static str, opset: u32, t: TensorElementType, shape: &[i64]) -> Case {
     Case {
@@ -64,6 +64,32 @@ fn cases() -> Vec<Case> {
     });
     v.push(unary("Softmax", 13, F16, &[3, 6]));
     v.push(unary("Softmax", 11, F32, &[2, 3, 4]));
+    // Write indices are random in [0, 4): every case below keeps them inside the cache.
+    v.push(Case {
+        op: "TensorScatter",
+        opset: 24,
+        inputs: vec![("past", F32, vec![2, 6, 3]), ("update", F32, vec![2, 1, 3]), ("write_indices", I64, vec![2])],
+        outputs: vec![("present", F32, vec![2, 6, 3])],
+        attributes: no_attributes,
+    });
+    v.push(Case {
+        op: "TensorScatter",
+        opset: 24,
+        inputs: vec![
+            ("past", F16, vec![1, 2, 5, 4]),
+            ("update", F16, vec![1, 2, 2, 4]),
+            ("write_indices", I64, vec![1]),
+        ],
+        outputs: vec![("present", F16, vec![1, 2, 5, 4])],
+        attributes: || Ok(vec![Attribute::new("axis", -2i64)?]),
+    });
+    v.push(Case {
+        op: "TensorScatter",
+        opset: 24,
+        inputs: vec![("past", F32, vec![3, 4, 2]), ("update", F32, vec![3, 4, 2])],
+        outputs: vec![("present", F32, vec![3, 4, 2])],
+        attributes: || Ok(vec![Attribute::new("axis", 1i64)?, Attribute::new("mode", "linear".to_string())?]),
+    });
     v
 }
 

@@ -15,7 +15,7 @@
 //!   failed once (the reason goes to the session summary).
 
 use crate::graph::{ElemType, NodeInfo};
-use crate::lowering::{CompileSafety, DerivedConstants, LowerCtx, Lowering};
+use crate::lowering::{CompileSafety, DerivedConstants, LowerCtx, Lowering, RowWriteBack};
 use crate::mlx::{self, Array, Closure, Dtype, MlxError, Stream, VectorArray};
 use crate::registry::Registry;
 use crate::stats::{Phase, SessionStats};
@@ -73,8 +73,10 @@ struct Translation {
 
 impl Translation {
     /// Builds the MLX graph of the partition's outputs from `inputs` (not evaluated): each
-    /// output cast to ORT's dtype and made row-contiguous.
-    fn build(&self, inputs: Vec<Array>, stream: &Stream) -> Result<Vec<Array>> {
+    /// output cast to ORT's dtype and made row-contiguous, plus the in-place input updates the
+    /// lowerings asked for. `tracing` is set inside a compiled trace.
+    fn build(&self, inputs: Vec<Array>, stream: &Stream, tracing: bool) -> Result<(Vec<Array>, Vec<WriteBack>)> {
+        let mut write_backs = Vec::new();
         let mut values: Vec<Option<Array>> = vec![None; self.num_values];
         let resolve = |values: &[Option<Array>], src: Source| -> Option<Array> {
             match src {
@@ -92,9 +94,14 @@ impl Translation {
             let tracer = self.stats.tracer();
             let described = tracer.map(|_| describe(&args));
             let started = Instant::now();
-            let mut ctx = LowerCtx::with_constants(args, constant_ids, &self.derived, stream, &self.cpu);
+            let mut ctx = LowerCtx::with_constants(args, constant_ids, &self.derived, stream, &self.cpu, tracing);
             let results =
                 node.lowering.lower(&mut ctx, info).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
+            for request in ctx.take_write_backs() {
+                let wb =
+                    self.write_back(node, request, stream).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
+                write_backs.extend(wb);
+            }
             if let (Some(t), Some(inputs)) = (tracer, described) {
                 let args = serde_json::json!({
                     "op": info.qualified_op(), "inputs": inputs, "outputs": describe_all(&results),
@@ -123,8 +130,78 @@ impl Translation {
             let a = mlx::ops::astype(&a, out.dtype, stream)?;
             results.push(mlx::ops::contiguous(&a, stream)?);
         }
-        Ok(results)
+        Ok((results, write_backs))
     }
+
+    /// Resolves a lowering's in-place update request against the partition: `None` when the
+    /// input is not a runtime input or the updated value is not a partition output (nothing
+    /// could share a buffer with it).
+    fn write_back(&self, node: &PlanNode, request: RowWriteBack, stream: &Stream) -> Result<Option<WriteBack>> {
+        // Only a buffer ORT provides at run time can be shared with an output.
+        let Some(Source::Input(input)) = node.inputs.get(request.input).copied() else {
+            return Ok(None);
+        };
+        let Some(output) = node
+            .info
+            .outputs
+            .get(request.aliased_output)
+            .cloned()
+            .flatten()
+            .map(|v| v.name)
+            .filter(|name| self.outputs.iter().any(|o| o.name == *name))
+        else {
+            return Ok(None);
+        };
+        let shape = request.array.shape();
+        let byte_ranges =
+            row_byte_ranges(&shape, request.array.dtype().size_in_bytes(), request.axis, &request.patches)?;
+        Ok(Some(WriteBack { input, array: mlx::ops::contiguous(&request.array, stream)?, byte_ranges, output }))
+    }
+}
+
+/// Partition output `output` is runtime input `input` with only `byte_ranges` changed: when
+/// ORT gives that output the input's own buffer, copying those ranges of `array` produces it.
+pub struct WriteBack {
+    pub input: usize,
+    pub array: Array,
+    pub byte_ranges: Vec<std::ops::Range<usize>>,
+    pub output: String,
+}
+
+/// Byte ranges, in a row-major tensor of `shape`, of the rows `patches` names along `axis`:
+/// each patch is (index over the dimensions before `axis`, flattened; range of rows).
+pub fn row_byte_ranges(
+    shape: &[i64],
+    itemsize: usize,
+    axis: usize,
+    patches: &[(usize, std::ops::Range<usize>)],
+) -> Result<Vec<std::ops::Range<usize>>> {
+    if axis >= shape.len() {
+        return Err(Error::new(format!("axis {axis} is out of range for shape {shape:?}")));
+    }
+    let dims: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+    let outer_count: usize = dims[..axis].iter().product();
+    let axis_len = dims[axis];
+    let inner: usize = dims[axis + 1..].iter().product::<usize>() * itemsize;
+    let mut ranges = Vec::with_capacity(patches.len());
+    for (outer, rows) in patches {
+        if *outer >= outer_count || rows.start > rows.end || rows.end > axis_len {
+            return Err(Error::new(format!(
+                "rows {rows:?} of slice {outer} are outside shape {shape:?} (axis {axis})"
+            )));
+        }
+        let start = (outer * axis_len + rows.start) * inner;
+        ranges.push(start..start + rows.len() * inner);
+    }
+    Ok(ranges)
+}
+
+/// The evaluated result of a partition run.
+pub struct RunOutputs {
+    /// One array per partition output, in ORT's dtypes, evaluated and row-contiguous.
+    pub outputs: Vec<Array>,
+    /// Outputs that are inputs with some rows changed, evaluated and row-contiguous.
+    pub write_backs: Vec<WriteBack>,
 }
 
 /// "dtype[shape]" of each input, for trace spans.
@@ -290,9 +367,9 @@ impl Plan {
         self.mode.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Runs the partition: one array per output, in ORT's dtypes, evaluated and row-contiguous.
-    /// The caller holds [`mlx::lock()`] for the whole run, copy-out included.
-    pub fn run(&self, inputs: Vec<Array>) -> Result<Vec<Array>> {
+    /// Runs the partition: its outputs and in-place input updates, evaluated together in one
+    /// MLX evaluation. The caller holds [`mlx::lock()`] for the whole run, copy-out included.
+    pub fn run(&self, inputs: Vec<Array>) -> Result<RunOutputs> {
         let t = &self.translation;
         if inputs.len() != t.inputs.len() {
             return Err(Error::new(format!(
@@ -305,7 +382,7 @@ impl Plan {
         let mode = self.mode();
         if !matches!(mode, Mode::Eager(_)) {
             match self.run_compiled(&inputs, &mode) {
-                Ok(outputs) => return Ok(outputs),
+                Ok(outputs) => return Ok(RunOutputs { outputs, write_backs: Vec::new() }),
                 Err(e) => {
                     let reason = format!("compiled run failed ({e}); running eagerly from now on");
                     self.stats.record_fallback(format!("partition {}: {reason}", t.name));
@@ -314,18 +391,18 @@ impl Plan {
                 }
             }
         }
-        let outputs = {
+        let (outputs, write_backs) = {
             let _timer = self.stats.phase(Phase::Translate, &t.name);
-            t.build(inputs, &self.stream)?
+            t.build(inputs, &self.stream, false)?
         };
         self.stats.eager_runs.fetch_add(1, Ordering::Relaxed);
-        self.evaluate(&outputs)?;
-        Ok(outputs)
+        self.evaluate(outputs.iter().chain(write_backs.iter().map(|w| &w.array)))?;
+        Ok(RunOutputs { outputs, write_backs })
     }
 
-    fn evaluate(&self, outputs: &[Array]) -> Result<()> {
+    fn evaluate<'x>(&self, arrays: impl IntoIterator<Item = &'x Array>) -> Result<()> {
         let _timer = self.stats.phase(Phase::Eval, &self.translation.name);
-        VectorArray::from_arrays(outputs.iter())?
+        VectorArray::from_arrays(arrays)?
             .eval()
             .map_err(|e| Error::new(format!("partition {}: {e}", self.translation.name)))?;
         Ok(())
@@ -363,7 +440,7 @@ impl Plan {
         let traced = Closure::new(move |args: &[Array]| {
             stats.traces.fetch_add(1, Ordering::Relaxed);
             let stream = Stream::default_device()?;
-            translation.build(args.to_vec(), &stream).map_err(|e| MlxError(e.0))
+            translation.build(args.to_vec(), &stream, true).map(|(outputs, _)| outputs).map_err(|e| MlxError(e.0))
         });
         let compiled = {
             let _timer = self.stats.phase(Phase::Compile, &self.translation.name);
@@ -444,6 +521,40 @@ mod tests {
     }
     static MATMUL_TRANS_B: MatMulTransB = MatMulTransB;
 
+    /// KV-cache style: `cache[b, pos[b]] = row[b]`, written back in place.
+    struct SetRow;
+    impl Lowering for SetRow {
+        fn op_type(&self) -> &'static str {
+            "SetRow"
+        }
+        fn opsets(&self) -> std::ops::RangeInclusive<i32> {
+            1..=i32::MAX
+        }
+        fn claim(&self, _: &NodeInfo) -> std::result::Result<(), Decline> {
+            Ok(())
+        }
+        fn lower(&self, ctx: &mut LowerCtx<'_>, _: &NodeInfo) -> Result<Vec<Array>> {
+            let s = ctx.stream();
+            let (cache, row) = (ctx.input(0)?.clone(), ctx.input(1)?.clone());
+            let positions = ctx.host_i64(2)?;
+            let shape = cache.shape();
+            let mut updated = cache.clone();
+            let mut patches = Vec::new();
+            for (b, &p) in positions.iter().enumerate() {
+                let b = b as i64;
+                let one = mlx::ops::slice(&row, &[b, 0, 0], &[b + 1, 1, shape[2]], s)?;
+                updated = mlx::ops::slice_update(&updated, &one, &[b, p, 0], &[b + 1, p + 1, shape[2]], s)?;
+                patches.push((b as usize, p as usize..p as usize + 1));
+            }
+            ctx.write_back_rows(0, &updated, 1, patches, 0)?;
+            Ok(vec![updated])
+        }
+        fn compile_safety(&self) -> CompileSafety {
+            CompileSafety::Shapeless
+        }
+    }
+    static SET_ROW: SetRow = SetRow;
+
     fn value(name: &str) -> Option<ValueInfo> {
         Some(ValueInfo { name: name.into(), elem_type: Some(ElemType::F32), shape: None, is_constant: false })
     }
@@ -506,7 +617,7 @@ mod tests {
         )
         .unwrap();
         let x = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
-        let out = plan.run(vec![x]).unwrap();
+        let out = plan.run(vec![x]).unwrap().outputs;
         let s = Stream::cpu().unwrap();
         assert_eq!(out[0].to_vec::<f32>(&s).unwrap(), vec![11.0, 44.0]);
         assert_eq!(out[1].to_vec::<f32>(&s).unwrap(), vec![11.0, 22.0]);
@@ -565,7 +676,7 @@ mod tests {
         .unwrap();
         let x = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
         let z = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
-        let err = plan.run(vec![x, z]).unwrap_err();
+        let err = plan.run(vec![x, z]).err().expect("mismatched shapes fail");
         assert!(err.0.contains("node 'Add_node' (Add)"), "{err}");
     }
 
@@ -577,7 +688,7 @@ mod tests {
         let s = Stream::cpu().unwrap();
         for _ in 0..3 {
             let (x, v) = ramp(&[2, 3]);
-            let y = plan.run(vec![x]).unwrap();
+            let y = plan.run(vec![x]).unwrap().outputs;
             let want: Vec<f32> = v.iter().map(|x| (x + 0.5) * x).collect();
             assert_eq!(y[0].to_vec::<f32>(&s).unwrap(), want);
         }
@@ -592,7 +703,7 @@ mod tests {
         let s = Stream::cpu().unwrap();
         for len in 1..=8 {
             let (x, v) = ramp(&[1, len, 4]);
-            let y = plan.run(vec![x]).unwrap();
+            let y = plan.run(vec![x]).unwrap().outputs;
             assert_eq!(y[0].shape(), vec![1, len, 4]);
             let want: Vec<f32> = v.iter().map(|x| (x + 0.5) * x).collect();
             assert_eq!(y[0].to_vec::<f32>(&s).unwrap(), want, "length {len}");
@@ -610,7 +721,7 @@ mod tests {
         let shapes: Vec<Vec<i64>> = (1..=COMPILED_CACHE_CAPACITY as i64 + 2).map(|n| vec![n, 2]).collect();
         for shape in &shapes {
             let (x, v) = ramp(shape);
-            let y = plan.run(vec![x]).unwrap();
+            let y = plan.run(vec![x]).unwrap().outputs;
             let want: Vec<f32> = v.iter().map(|x| (x - 0.5) * x).collect();
             assert_eq!(y[0].to_vec::<f32>(&s).unwrap(), want);
         }
@@ -668,7 +779,8 @@ mod tests {
             let b: Vec<f32> = (0..n).map(|j| 10.0 * j as f32).collect();
             let y = plan
                 .run(vec![Array::from_slice(&a, &[n, 1]).unwrap(), Array::from_slice(&b, &[1, n]).unwrap()])
-                .unwrap();
+                .unwrap()
+                .outputs;
             assert_eq!(y[0].shape(), vec![n, n]);
             let want: Vec<f32> = (0..n).flat_map(|i| (0..n).map(move |j| i as f32 + 10.0 * j as f32)).collect();
             assert_eq!(y[0].to_vec::<f32>(&s).unwrap(), want, "n = {n}");
@@ -708,7 +820,7 @@ mod tests {
             let (plan, stats) = trans_b_plan(compile, true);
             for rows in [1i64, 2, 1] {
                 let (x, _) = ramp(&[rows, 3]);
-                let y = plan.run(vec![x]).unwrap();
+                let y = plan.run(vec![x]).unwrap().outputs;
                 // x = [-1, -0.75, -0.5] (and [-0.25, 0, 0.25]); w rows [1, 2, 3], [4, 5, 6].
                 let want: Vec<f32> =
                     [[-4.0f32, -10.75], [0.5, 0.5]].iter().take(rows as usize).flatten().copied().collect();
@@ -763,5 +875,85 @@ mod tests {
         assert_eq!(add["args"]["op"], "Add");
         assert_eq!(add["args"]["outputs"][0], "F32[2, 3]");
         assert!(events.iter().all(|e| e["ph"] == "X" && e["dur"].as_f64().unwrap() >= 0.0));
+    }
+
+    #[test]
+    fn row_byte_ranges_cover_exactly_the_changed_rows() {
+        // [2, 4, 3] f32, axis 1: slice b starts at b * 4 * 12 bytes, a row is 12 bytes.
+        let r = row_byte_ranges(&[2, 4, 3], 4, 1, &[(0, 1..2), (1, 2..4)]).unwrap();
+        assert_eq!(r, vec![12..24, 72..96]);
+        // Rank 4, axis 2: the outer index runs over (batch, head).
+        let r = row_byte_ranges(&[2, 2, 5, 2], 2, 2, &[(3, 4..5)]).unwrap();
+        assert_eq!(r, vec![(3 * 5 + 4) * 4..(3 * 5 + 5) * 4]);
+        assert!(row_byte_ranges(&[2, 4, 3], 4, 1, &[(2, 0..1)]).is_err());
+        assert!(row_byte_ranges(&[2, 4, 3], 4, 1, &[(0, 3..5)]).is_err());
+        assert!(row_byte_ranges(&[2, 4, 3], 4, 3, &[]).is_err());
+    }
+
+    fn set_row_plan(compile: bool) -> (Plan, Arc<SessionStats>) {
+        let registry = Registry::build(&[&SET_ROW]).unwrap();
+        let stats = Arc::new(SessionStats::default());
+        let mut n = node("SetRow", ["cache", "row"], "present");
+        n.inputs.push(value("pos"));
+        let plan = Plan::new(
+            "kv",
+            vec![n],
+            vec!["cache".into(), "row".into(), "pos".into()],
+            vec![("present".into(), ElemType::F32)],
+            HashMap::new(),
+            &registry,
+            Arc::clone(&stats),
+            compile,
+        )
+        .unwrap();
+        (plan, stats)
+    }
+
+    #[test]
+    fn in_place_updates_carry_only_the_changed_rows() {
+        let _g = mlx::lock();
+        let (plan, stats) = set_row_plan(true);
+        let cache = Array::from_slice(&[0.0f32; 2 * 4 * 3], &[2, 4, 3]).unwrap();
+        let row = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 1, 3]).unwrap();
+        let pos = Array::from_slice(&[1i64, 3], &[2]).unwrap();
+        let run = plan.run(vec![cache, row, pos]).unwrap();
+        // The host read inside the compiled trace sent the partition to the eager path.
+        assert!(matches!(plan.mode(), Mode::Eager(ref r) if r.contains("read on the host")), "{:?}", plan.mode());
+        assert!(stats.summary().contains("compiled run failed"));
+        assert_eq!(run.write_backs.len(), 1);
+        let wb = &run.write_backs[0];
+        assert_eq!((wb.input, wb.output.as_str()), (0, "present"));
+        assert_eq!(wb.byte_ranges, vec![12..24, 48 + 36..48 + 48]);
+        let bytes = wb.array.host_bytes().unwrap();
+        let floats: Vec<f32> = bytes.chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(&floats[3..6], &[1.0, 2.0, 3.0]);
+        assert_eq!(&floats[12 + 9..24], &[4.0, 5.0, 6.0]);
+        assert_eq!(run.outputs[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap(), floats);
+    }
+
+    #[test]
+    fn updates_of_constants_are_plain_outputs() {
+        let _g = mlx::lock();
+        let registry = Registry::build(&[&SET_ROW]).unwrap();
+        let mut n = node("SetRow", ["cache", "row"], "present");
+        n.inputs.push(value("pos"));
+        let cache = Array::from_slice(&[0.0f32; 6], &[1, 2, 3]).unwrap();
+        let plan = Plan::new(
+            "kv",
+            vec![n],
+            vec!["row".into(), "pos".into()],
+            vec![("present".into(), ElemType::F32)],
+            HashMap::from([("cache".to_owned(), Arc::new(cache))]),
+            &registry,
+            Arc::new(SessionStats::default()),
+            false,
+        )
+        .unwrap();
+        let row = Array::from_slice(&[1.0f32; 3], &[1, 1, 3]).unwrap();
+        let pos = Array::from_slice(&[1i64], &[1]).unwrap();
+        let run = plan.run(vec![row, pos]).unwrap();
+        assert!(run.write_backs.is_empty(), "no ORT buffer to share");
+        let got = run.outputs[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap();
+        assert_eq!(got, vec![0.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
     }
 }

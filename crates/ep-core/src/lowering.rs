@@ -102,13 +102,30 @@ pub struct LowerCtx<'a> {
     derived: Option<&'a DerivedConstants>,
     stream: &'a Stream,
     cpu: &'a Stream,
+    /// Building inside a compiled trace: no host reads, no in-place updates.
+    tracing: bool,
+    write_backs: Vec<RowWriteBack>,
+}
+
+/// A lowering's request to write rows of an updated input back into ORT's buffer for it.
+pub struct RowWriteBack {
+    /// The node input whose buffer is updated.
+    pub input: usize,
+    /// The updated value: same shape and dtype as the input.
+    pub array: Array,
+    /// The axis the rows are counted along.
+    pub axis: usize,
+    /// Changed rows, as (index over the dimensions before `axis`, flattened; row range).
+    pub patches: Vec<(usize, std::ops::Range<usize>)>,
+    /// The node output that is the updated input.
+    pub aliased_output: usize,
 }
 
 impl<'a> LowerCtx<'a> {
     /// A context over plain inputs (no constants, no derived-constant cache).
     pub fn new(inputs: Vec<Option<Array>>, stream: &'a Stream, cpu: &'a Stream) -> LowerCtx<'a> {
         let constants = vec![None; inputs.len()];
-        LowerCtx { inputs, constants, derived: None, stream, cpu }
+        LowerCtx { inputs, constants, derived: None, stream, cpu, tracing: false, write_backs: Vec::new() }
     }
 
     pub(crate) fn with_constants(
@@ -117,8 +134,56 @@ impl<'a> LowerCtx<'a> {
         derived: &'a DerivedConstants,
         stream: &'a Stream,
         cpu: &'a Stream,
+        tracing: bool,
     ) -> LowerCtx<'a> {
-        LowerCtx { inputs, constants, derived: Some(derived), stream, cpu }
+        LowerCtx { inputs, constants, derived: Some(derived), stream, cpu, tracing, write_backs: Vec::new() }
+    }
+
+    pub(crate) fn take_write_backs(&mut self) -> Vec<RowWriteBack> {
+        std::mem::take(&mut self.write_backs)
+    }
+
+    /// The values of integer input `i` on the host (evaluating it). A host read makes the
+    /// graph data-dependent: inside a compiled trace it fails, which sends the partition to
+    /// the eager path; lowerings that read the host declare [`CompileSafety::Never`].
+    pub fn host_i64(&self, i: usize) -> Result<Vec<i64>> {
+        if self.tracing {
+            return Err(Error::new(format!("input {i} is read on the host, which a compiled trace cannot do")));
+        }
+        let a = crate::mlx::ops::astype(self.input(i)?, crate::mlx::Dtype::I64, self.cpu)?;
+        Ok(a.to_vec::<i64>(self.cpu)?)
+    }
+
+    /// Declares that node output `aliased_output` is input `input` with only some rows changed
+    /// (a KV cache append). When ORT binds that output to the input's own buffer (a cache
+    /// shared by past and present), only the changed rows are copied into it instead of the
+    /// whole tensor; otherwise the output is copied as usual and the input is never touched.
+    /// `updated` must have the input's shape and dtype; `patches` are (index over the
+    /// dimensions before `axis`, flattened; range of rows along `axis`). Not available inside a
+    /// compiled trace (the partition then runs eagerly).
+    pub fn write_back_rows(
+        &mut self,
+        input: usize,
+        updated: &Array,
+        axis: usize,
+        patches: Vec<(usize, std::ops::Range<usize>)>,
+        aliased_output: usize,
+    ) -> Result<()> {
+        if self.tracing {
+            return Err(Error::new("in-place updates of inputs are not recorded inside a compiled trace"));
+        }
+        let original = self.input(input)?;
+        if original.shape() != updated.shape() || original.dtype() != updated.dtype() {
+            return Err(Error::new(format!(
+                "the update of input {input} is {:?}{:?}; the input is {:?}{:?}",
+                updated.dtype(),
+                updated.shape(),
+                original.dtype(),
+                original.shape()
+            )));
+        }
+        self.write_backs.push(RowWriteBack { input, array: updated.clone(), axis, patches, aliased_output });
+        Ok(())
     }
 
     /// Input `i`; an error when it is absent.

@@ -51,6 +51,10 @@ pub struct SessionStats {
     pub eager_runs: AtomicU64,
     /// Values computed from constants (transposes, casts, repacks), each once per session.
     pub derived_constants: AtomicU64,
+    /// Bytes copied into outputs bound to the buffer of the input they update (changed rows).
+    pub written_back_bytes: AtomicU64,
+    /// Bytes of such outputs not copied because they were already in place.
+    pub aliased_bytes_not_copied: AtomicU64,
     phase_ns: [AtomicU64; 5],
     fallbacks: Mutex<Vec<String>>,
     tracer: Option<Tracer>,
@@ -153,6 +157,12 @@ impl SessionStats {
             Self::count(&self.compiles)
         );
         let _ = writeln!(s, "  derived constants computed: {}", Self::count(&self.derived_constants));
+        let _ = writeln!(
+            s,
+            "  in-place outputs: {} bytes of changed rows written, {} bytes already in place",
+            Self::count(&self.written_back_bytes),
+            Self::count(&self.aliased_bytes_not_copied)
+        );
         let shared = crate::shared::SharedConstants::global();
         let _ = writeln!(
             s,

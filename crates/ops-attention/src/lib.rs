@@ -1,10 +1,12 @@
-//! The attention op family. It registers no lowerings yet; it exists so the plugin's
-//! `attention` feature, the registry and the trimmed builds are wired from the start.
+//! Attention and KV-cache lowerings: TensorScatter (the ONNX KV-cache update).
 //!
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`], end it with
-//! `ep_core::register_lowering!(NAME = Value);`, and add its `mod` line here.
+//! `ep_core::register_lowering!(NAME = Value);`, and add its `mod` line here. List it in
+//! `crates/plugin/registered-ops.txt` and give it a case in `crates/conformance/tests/ops.rs`.
 #![forbid(unsafe_code)]
+
+mod tensor_scatter;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
 pub fn link() {}

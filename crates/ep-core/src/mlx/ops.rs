@@ -109,3 +109,52 @@ pub fn scale(a: &Array, factor: f32, s: &Stream) -> Result<Array> {
     let f = astype(&Array::scalar_f32(factor), a.dtype(), s)?;
     multiply(a, &f, s)
 }
+
+fn dims(v: &[i64]) -> Vec<c_int> {
+    v.iter().map(|&d| d as c_int).collect()
+}
+
+/// `a[start:stop]` along every axis (unit strides).
+pub fn slice(a: &Array, start: &[i64], stop: &[i64], s: &Stream) -> Result<Array> {
+    let (start, stop) = (dims(start), dims(stop));
+    let strides = vec![1 as c_int; start.len()];
+    let mut out = Array::empty();
+    // SAFETY: the index vectors outlive the call.
+    check(unsafe {
+        mlx_sys::mlx_slice(
+            &mut out.0,
+            a.0,
+            start.as_ptr(),
+            start.len(),
+            stop.as_ptr(),
+            stop.len(),
+            strides.as_ptr(),
+            strides.len(),
+            s.0,
+        )
+    })?;
+    Ok(out)
+}
+
+/// `src` with `src[start:stop] = update` (unit strides); `src` itself is unchanged.
+pub fn slice_update(src: &Array, update: &Array, start: &[i64], stop: &[i64], s: &Stream) -> Result<Array> {
+    let (start, stop) = (dims(start), dims(stop));
+    let strides = vec![1 as c_int; start.len()];
+    let mut out = Array::empty();
+    // SAFETY: the index vectors outlive the call.
+    check(unsafe {
+        mlx_sys::mlx_slice_update(
+            &mut out.0,
+            src.0,
+            update.0,
+            start.as_ptr(),
+            start.len(),
+            stop.as_ptr(),
+            stop.len(),
+            strides.as_ptr(),
+            strides.len(),
+            s.0,
+        )
+    })?;
+    Ok(out)
+}

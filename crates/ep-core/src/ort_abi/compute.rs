@@ -5,12 +5,13 @@ use super::boundary::{guard, non_null};
 use super::graph_reader::tensor_to_array;
 use super::ort_call;
 use super::tables::{OrtNodeComputeContext, OrtNodeComputeInfo, TABLE_VERSION};
-use crate::exec::Plan;
+use crate::exec::{Plan, WriteBack};
 use crate::stats::Phase;
 use crate::{Error, Result, mlx};
 use ort_sys::{OrtKernelContext, OrtStatusPtr, OrtValue};
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// `table` must stay the first field: ORT sees a pointer to it.
@@ -72,6 +73,7 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
     let _mlx = mlx::lock();
     let run_started = Instant::now();
     let copy_in = plan.stats().phase(Phase::CopyIn, plan.name());
+    let mut values = Vec::with_capacity(count);
     let mut inputs = Vec::with_capacity(count);
     for (i, name) in plan.inputs().iter().enumerate() {
         let mut value: *const OrtValue = null();
@@ -81,38 +83,71 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
         }
         // SAFETY: ORT keeps input values alive during Compute.
         inputs.push(unsafe { tensor_to_array(value, &format!("input '{name}'"))? });
+        values.push(value);
     }
     drop(copy_in);
-    let outputs = plan.run(inputs)?;
+    let run = plan.run(inputs)?;
     let copy_out = plan.stats().phase(Phase::CopyOut, plan.name());
-    for (i, (array, out)) in outputs.iter().zip(plan.outputs()).enumerate() {
+    for (i, (array, out)) in run.outputs.iter().zip(plan.outputs()).enumerate() {
         let shape = array.shape();
         let mut value: *mut OrtValue = null_mut();
         ort_call!(KernelContext_GetOutput(ctx, i, shape.as_ptr(), shape.len(), &mut value))?;
         if value.is_null() {
             return Err(Error::new(format!("ORT gave no buffer for output '{}'", out.name)));
         }
-        let mut size = 0usize;
-        ort_call!(GetTensorSizeInBytes(value, &mut size))?;
-        let mut data: *mut c_void = null_mut();
-        ort_call!(GetTensorMutableData(value, &mut data))?;
+        let (data, size) = tensor_buffer(value)?;
+        // An output ORT bound to the buffer of the input it updates: copy the changed rows only.
+        if let Some(wb) = run.write_backs.iter().find(|wb| wb.output == out.name)
+            && tensor_buffer(values[wb.input] as *mut OrtValue)?.0 == data
+        {
+            let written = copy_rows(wb, data, size)?;
+            plan.stats().written_back_bytes.fetch_add(written as u64, Ordering::Relaxed);
+            plan.stats().aliased_bytes_not_copied.fetch_add((size - written) as u64, Ordering::Relaxed);
+            continue;
+        }
         let buf: &mut [u8] = if size == 0 {
             &mut []
         } else {
             // SAFETY: ORT allocated `size` bytes for this output.
-            unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), size) }
+            unsafe { std::slice::from_raw_parts_mut(data, size) }
         };
         array.copy_to(buf, plan.stream()).map_err(|e| Error::new(format!("output '{}': {e}", out.name)))?;
     }
     drop(copy_out);
     if let Some(t) = plan.stats().tracer() {
-        t.record(
-            plan.name(),
-            "partition",
-            run_started,
-            Instant::now(),
-            serde_json::json!({ "mode": format!("{:?}", plan.mode()) }),
-        );
+        let args = serde_json::json!({ "mode": format!("{:?}", plan.mode()) });
+        t.record(plan.name(), "partition", run_started, Instant::now(), args);
     }
     Ok(())
+}
+
+/// A tensor's data pointer and size in bytes.
+fn tensor_buffer(value: *mut OrtValue) -> Result<(*mut u8, usize)> {
+    let mut size = 0usize;
+    ort_call!(GetTensorSizeInBytes(value, &mut size))?;
+    let mut data: *mut c_void = null_mut();
+    ort_call!(GetTensorMutableData(value, &mut data))?;
+    if data.is_null() && size > 0 {
+        return Err(Error::new("a tensor has no data"));
+    }
+    Ok((data.cast::<u8>(), size))
+}
+
+/// Copies the changed rows of a write-back into `dst` (`size` bytes); returns the bytes copied.
+fn copy_rows(wb: &WriteBack, dst: *mut u8, size: usize) -> Result<usize> {
+    let src = wb.array.host_bytes().ok_or_else(|| Error::new("an in-place update was not evaluated"))?;
+    if src.len() != size {
+        return Err(Error::new(format!("in-place update of {size} bytes from {} bytes", src.len())));
+    }
+    let mut copied = 0;
+    for r in &wb.byte_ranges {
+        if r.end > size {
+            return Err(Error::new(format!("rows {r:?} exceed a {size}-byte buffer")));
+        }
+        // SAFETY: `r` lies within both buffers (checked above); the source is MLX memory, the
+        // destination ORT's buffer, so they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(r.start), dst.add(r.start), r.len()) };
+        copied += r.len();
+    }
+    Ok(copied)
 }

@@ -1,0 +1,109 @@
+//! TensorScatter (opset 24): the ONNX KV-cache update. `present = past` with, for each batch
+//! `b`, the slice `write_indices[b] .. write_indices[b] + update.shape[axis]` along `axis`
+//! replaced by `update[b]` (`mode = "linear"`).
+//!
+//! The output is declared an in-place update of `past_cache`: when ORT binds `present_cache`
+//! to the buffer of `past_cache` (a cache shared by past and present), only the written rows
+//! are copied. The write indices are read on the host, so the node runs eagerly.
+
+use ep_core::graph::ElemType;
+use ep_core::lowering::{FLOATS, require_input_rank, require_inputs};
+use ep_core::mlx::{Array, ops};
+use ep_core::{CompileSafety, Decline, Error, LowerCtx, Lowering, NodeInfo, Result, bail};
+use std::ops::RangeInclusive;
+
+pub struct TensorScatter;
+
+impl TensorScatter {
+    fn axis(node: &NodeInfo, rank: usize) -> std::result::Result<usize, String> {
+        let axis = node.attr_int("axis", -2)?;
+        let a = if axis < 0 { axis + rank as i64 } else { axis };
+        if a <= 0 || a >= rank as i64 {
+            return Err(format!("axis {axis} must name a non-batch axis of a rank-{rank} cache"));
+        }
+        Ok(a as usize)
+    }
+}
+
+impl Lowering for TensorScatter {
+    fn op_type(&self) -> &'static str {
+        "TensorScatter"
+    }
+
+    fn opsets(&self) -> RangeInclusive<i32> {
+        24..=i32::MAX
+    }
+
+    fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline> {
+        require_inputs(node, 2, 3)?;
+        let rank = require_input_rank(node, 0, 2..=8)?;
+        require_input_rank(node, 1, rank..=rank)?;
+        for (i, v) in [node.input(0), node.input(1), node.output(0)].into_iter().enumerate() {
+            let t = v.and_then(|v| v.elem_type);
+            if !t.is_some_and(|t| FLOATS.contains(&t)) {
+                return Err(Decline(format!("value {i} has type {t:?}; supported: {FLOATS:?}")));
+            }
+        }
+        if let Some(idx) = node.input(2)
+            && idx.elem_type != Some(ElemType::I64)
+        {
+            return Err(Decline(format!("write_indices has type {:?}; expected int64", idx.elem_type)));
+        }
+        match node.attr("mode") {
+            None => {}
+            Some(ep_core::AttrValue::String(m)) if m == "linear" => {}
+            Some(other) => return Err(Decline(format!("mode {other:?} is not supported (only \"linear\")"))),
+        }
+        Self::axis(node, rank)?;
+        Ok(())
+    }
+
+    fn lower(&self, ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+        let s = ctx.stream();
+        let past = ctx.input(0)?.clone();
+        let update = ctx.input(1)?.clone();
+        let (ps, us) = (past.shape(), update.shape());
+        let axis = Self::axis(node, ps.len()).map_err(Error::new)?;
+        if us.len() != ps.len() || (0..ps.len()).any(|d| d != axis && us[d] != ps[d]) || us[axis] > ps[axis] {
+            bail!("update {us:?} does not fit cache {ps:?} along axis {axis}");
+        }
+        let batch = ps[0];
+        let starts = match ctx.optional_input(2) {
+            Some(_) => ctx.host_i64(2)?,
+            None => vec![0; batch as usize],
+        };
+        if starts.len() != batch as usize {
+            bail!("{} write indices for a batch of {batch}", starts.len());
+        }
+        let rows = us[axis];
+        // Slices of the cache per batch entry: the dimensions between the batch and the axis.
+        let per_batch: usize = ps[1..axis].iter().map(|&d| d as usize).product();
+        let mut present = past;
+        let mut patches = Vec::new();
+        for (b, &start) in starts.iter().enumerate() {
+            if start < 0 || start + rows > ps[axis] {
+                bail!("write index {start} + {rows} rows exceeds the cache length {} (batch {b})", ps[axis]);
+            }
+            let b = b as i64;
+            let mut lo = vec![0i64; ps.len()];
+            let mut hi = us.clone();
+            lo[0] = b;
+            hi[0] = b + 1;
+            let piece = ops::slice(&update, &lo, &hi, s)?;
+            lo[axis] = start;
+            hi[axis] = start + rows;
+            present = ops::slice_update(&present, &piece, &lo, &hi, s)?;
+            let first = b as usize * per_batch;
+            patches.extend((first..first + per_batch).map(|outer| (outer, start as usize..(start + rows) as usize)));
+        }
+        ctx.write_back_rows(0, &present, axis, patches, 0)?;
+        Ok(vec![present])
+    }
+
+    /// The write indices are read on the host.
+    fn compile_safety(&self) -> CompileSafety {
+        CompileSafety::Never
+    }
+}
+
+ep_core::register_lowering!(TENSOR_SCATTER = TensorScatter);
