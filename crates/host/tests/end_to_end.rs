@@ -205,3 +205,36 @@ fn two_live_sessions_of_one_model_both_compute_correctly() -> Result<()> {
     assert_close(&values::run(&mut second, &inputs)?, &expected, 1e-5, 1e-4);
     Ok(())
 }
+
+#[test]
+fn a_failing_node_is_an_error_naming_it_and_the_session_survives() -> Result<()> {
+    use mlx_ep_host::ort::value::{DynValue, Tensor, TensorElementType::Int64};
+    let build = || {
+        let past: Io = ("past", Float32, &[1, 4, 2]);
+        let update: Io = ("update", Float32, &[1, 1, 2]);
+        let idx: Io = ("write_indices", Int64, &[1]);
+        let present: Io = ("present", Float32, &[1, 4, 2]);
+        graph_model(
+            24,
+            &[past, update, idx],
+            &[present],
+            &[],
+            vec![node("TensorScatter", "kv_update", &["past", "update", "write_indices"], &["present"], vec![])?],
+        )
+    };
+    let mut mlx = build()?.into_session(&session_builder(Ep::Mlx)?)?;
+    assert_on(&assignment(&mlx)?, "kv_update", MLX_EP);
+    let feed = |index: i64| -> Result<Vec<(String, DynValue)>> {
+        Ok(vec![
+            ("past".to_string(), Tensor::from_array((vec![1i64, 4, 2], vec![0.0f32; 8]))?.into_dyn()),
+            ("update".to_string(), Tensor::from_array((vec![1i64, 1, 2], vec![1.0f32; 2]))?.into_dyn()),
+            ("write_indices".to_string(), Tensor::from_array((vec![1i64], vec![index]))?.into_dyn()),
+        ])
+    };
+    // Row 7 of a 4-row cache: the lowering refuses, ORT reports it, nothing crashes.
+    let err = values::run(&mut mlx, &feed(7)?).err().expect("an out-of-range write index must fail").to_string();
+    assert!(err.contains("kv_update") && err.contains("exceeds the cache length"), "{err}");
+    let ok = values::run(&mut mlx, &feed(2)?)?;
+    assert_eq!(ok[0].values, vec![0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+    Ok(())
+}

@@ -261,3 +261,37 @@ unsafe extern "system" fn create_sync_stream(
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    unsafe extern "system" fn no_api(_version: u32) -> *const ort_sys::OrtApi {
+        std::ptr::null()
+    }
+
+    unsafe extern "system" fn old_version() -> *const c_char {
+        c"1.20.0".as_ptr()
+    }
+
+    #[test]
+    fn an_ort_without_api_31_gets_no_factory_and_no_crash() {
+        let base = OrtApiBase { GetApi: no_api, GetVersionString: old_version };
+        let mut factories = [std::ptr::null_mut::<OrtEpFactory>(); 4];
+        let mut count = 99usize;
+        // SAFETY: valid pointers to locals; the fake ORT offers no API table at all.
+        let status = unsafe {
+            create_ep_factories(
+                c"MLX".as_ptr(),
+                &base,
+                std::ptr::null(),
+                factories.as_mut_ptr(),
+                factories.len(),
+                &mut count,
+            )
+        };
+        assert!(status.0.is_null(), "without any API table there is no way to build a status");
+        assert_eq!(count, 0);
+        assert!(factories.iter().all(|f| f.is_null()));
+    }
+}
