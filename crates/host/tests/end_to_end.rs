@@ -232,7 +232,7 @@ fn a_failing_node_is_an_error_naming_it_and_the_session_survives() -> Result<()>
         ])
     };
     // Row 7 of a 4-row cache: the lowering refuses, ORT reports it, nothing crashes.
-    let err = values::run(&mut mlx, &feed(7)?).err().expect("an out-of-range write index must fail").to_string();
+    let err = values::run(&mut mlx, &feed(7)?).expect_err("an out-of-range write index must fail").to_string();
     assert!(err.contains("kv_update") && err.contains("exceeds the cache length"), "{err}");
     let ok = values::run(&mut mlx, &feed(2)?)?;
     assert_eq!(ok[0].values, vec![0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
