@@ -102,6 +102,56 @@ def test_float16():
     )
 
 
+def if_model(then_op):
+    """relu -> If(cond) -> tanh; the branches read `x` and the initializer `W` from the outer scope."""
+    then_g = helper.make_graph(
+        [helper.make_node(then_op, ["x", "W"] if then_op != "Cos" else ["x"], ["t_out"], name="then_node")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, [3])],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "x"], ["e_out"], name="else_node")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, [3])],
+    )
+    return model(
+        [
+            helper.make_node("Relu", ["inp"], ["x"], name="relu"),
+            helper.make_node("If", ["cond"], ["r"], name="branch", then_branch=then_g, else_branch=else_g),
+            helper.make_node("Tanh", ["r"], ["y"], name="tanh"),
+        ],
+        [
+            helper.make_tensor_value_info("inp", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        [numpy_helper.from_array(np.array([10, 20, 30], np.float32), "W")],
+    )
+
+
+def check_if(then_op, expected_if_ep):
+    m = if_model(then_op)
+    s = mlx_session(m)
+    a = assigned(s)
+    assert a.get("branch") == expected_if_ep, a
+    assert a["relu"] == EP and a["tanh"] == EP, a
+    ref = cpu_session(m)
+    x = np.array([-1.0, 0.5, 2.0], np.float32)
+    for cond in (True, False):
+        feed = {"inp": x, "cond": np.array(cond)}
+        np.testing.assert_allclose(s.run(None, feed)[0], ref.run(None, feed)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_if_runs_whole_on_mlx():
+    check_if("Add", EP)
+
+
+def test_if_with_an_unsupported_branch_node_stays_on_cpu():
+    check_if("Cos", "CPUExecutionProvider")
+
+
 def kv_model():
     node = helper.make_node("TensorScatter", ["past", "update", "write_indices"], ["present"], name="kv_update")
     graph = helper.make_graph(
@@ -185,6 +235,8 @@ def main():
     check("onnxruntime is the pinned 1.31.1", test_version)
     check("mixed graph: claimed nodes on MLX, Cos on CPU, outputs match", test_mixed_graph)
     check("float16 graph on MLX", test_float16)
+    check("If with outer-scope values: the whole node on MLX, both branches match", test_if_runs_whole_on_mlx)
+    check("If whose branch has an unsupported node stays on CPU and matches", test_if_with_an_unsupported_branch_node_stays_on_cpu)
     check("KV cache update (TensorScatter): plain run and past/present sharing one buffer", test_kv_cache_update)
     check("shared KV buffer: only the changed rows are copied", test_kv_cache_shared_buffer_copies_only_changed_rows)
     failed = sum(1 for _, e in results if e is not None)

@@ -45,6 +45,8 @@ struct PlanNode {
     info: NodeInfo,
     lowering: &'static dyn Lowering,
     inputs: Vec<Source>,
+    /// Sources of the node's implicit inputs (outer-scope values its subgraphs use).
+    implicit: Vec<(String, Source)>,
     /// The value slot of each output (`None` for an omitted optional output).
     outputs: Vec<Option<usize>>,
 }
@@ -94,7 +96,14 @@ impl Translation {
             let tracer = self.stats.tracer();
             let described = tracer.map(|_| describe(&args));
             let started = Instant::now();
-            let mut ctx = LowerCtx::with_constants(args, constant_ids, &self.derived, stream, &self.cpu, tracing);
+            let scope: Option<HashMap<String, Array>> = (!node.implicit.is_empty()).then(|| {
+                node.implicit
+                    .iter()
+                    .filter_map(|(name, src)| resolve(&values, *src).map(|a| (name.clone(), a)))
+                    .collect()
+            });
+            let mut ctx =
+                LowerCtx::with_constants(args, constant_ids, &self.derived, stream, &self.cpu, tracing, scope.as_ref());
             let results =
                 node.lowering.lower(&mut ctx, info).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
             for request in ctx.take_write_backs() {
@@ -289,6 +298,14 @@ impl Plan {
                     })?,
                 });
             }
+            let mut implicit = Vec::with_capacity(info.implicit_inputs.len());
+            for v in &info.implicit_inputs {
+                let src = *sources.get(v.name.as_str()).ok_or_else(|| {
+                    Error::new(format!("outer-scope value '{}' has no source in the partition", v.name))
+                        .at_node(&info.name, &info.qualified_op())
+                })?;
+                implicit.push((v.name.clone(), src));
+            }
             let mut node_outputs = Vec::with_capacity(info.outputs.len());
             for v in &info.outputs {
                 node_outputs.push(v.as_ref().map(|v| {
@@ -297,7 +314,7 @@ impl Plan {
                     num_values - 1
                 }));
             }
-            plan_nodes.push((lowering, node_inputs, node_outputs));
+            plan_nodes.push((lowering, node_inputs, implicit, node_outputs));
         }
         let mut resolved_outputs = Vec::with_capacity(outputs.len());
         for (out, elem_type) in outputs {
@@ -312,7 +329,7 @@ impl Plan {
         let nodes: Vec<PlanNode> = nodes
             .into_iter()
             .zip(plan_nodes)
-            .map(|(info, (lowering, inputs, outputs))| PlanNode { info, lowering, inputs, outputs })
+            .map(|(info, (lowering, inputs, implicit, outputs))| PlanNode { info, lowering, inputs, implicit, outputs })
             .collect();
         let mode = choose_mode(&nodes, compile);
         if let Mode::Eager(reason) = &mode {
@@ -597,6 +614,7 @@ mod tests {
             inputs: inputs.iter().map(|n| value(n)).collect(),
             outputs: vec![value(output)],
             attributes: Default::default(),
+            implicit_inputs: vec![],
         }
     }
 

@@ -106,6 +106,26 @@ impl ValueInfo {
     }
 }
 
+/// A tensor held on the host: an attribute's value or a subgraph's initializer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorData {
+    pub elem_type: ElemType,
+    pub shape: Vec<i64>,
+    /// Row-major element bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// A subgraph attribute (a branch of If, the body of Loop or Scan): its formal inputs and
+/// outputs, its nodes in ORT's order, and its own constant initializers. Names it uses but
+/// does not define come from the enclosing scope.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Subgraph {
+    pub inputs: Vec<ValueInfo>,
+    pub outputs: Vec<ValueInfo>,
+    pub nodes: Vec<NodeInfo>,
+    pub initializers: Vec<(String, TensorData)>,
+}
+
 /// A typed ONNX attribute value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AttrValue {
@@ -115,10 +135,8 @@ pub enum AttrValue {
     Ints(Vec<i64>),
     Floats(Vec<f32>),
     Strings(Vec<String>),
-    /// A tensor attribute (not read yet).
-    Tensor,
-    /// A subgraph attribute (not read yet).
-    Graph,
+    Tensor(TensorData),
+    Graph(Box<Subgraph>),
     Undefined,
 }
 
@@ -134,6 +152,8 @@ pub struct NodeInfo {
     pub inputs: Vec<Option<ValueInfo>>,
     pub outputs: Vec<Option<ValueInfo>>,
     pub attributes: BTreeMap<String, AttrValue>,
+    /// Values of the enclosing scopes that the node's subgraphs use.
+    pub implicit_inputs: Vec<ValueInfo>,
 }
 
 impl NodeInfo {
@@ -173,6 +193,24 @@ impl NodeInfo {
             None => Ok(None),
             Some(AttrValue::Ints(v)) => Ok(Some(v)),
             Some(other) => Err(format!("attribute '{name}' should be ints, found {other:?}")),
+        }
+    }
+
+    /// A subgraph attribute, `None` when absent.
+    pub fn attr_graph(&self, name: &str) -> Result<Option<&Subgraph>, String> {
+        match self.attr(name) {
+            None => Ok(None),
+            Some(AttrValue::Graph(g)) => Ok(Some(g)),
+            Some(other) => Err(format!("attribute '{name}' should be a graph, found {other:?}")),
+        }
+    }
+
+    /// A tensor attribute, `None` when absent.
+    pub fn attr_tensor(&self, name: &str) -> Result<Option<&TensorData>, String> {
+        match self.attr(name) {
+            None => Ok(None),
+            Some(AttrValue::Tensor(t)) => Ok(Some(t)),
+            Some(other) => Err(format!("attribute '{name}' should be a tensor, found {other:?}")),
         }
     }
 

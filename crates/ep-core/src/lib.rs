@@ -26,7 +26,7 @@ pub mod trace;
 pub mod ort_abi;
 
 pub use error::{Error, Result};
-pub use graph::{AttrValue, ElemType, NodeInfo, ValueInfo};
+pub use graph::{AttrValue, ElemType, NodeInfo, Subgraph, TensorData, ValueInfo};
 pub use lowering::{CompileSafety, Decline, LowerCtx, Lowering};
 
 #[doc(hidden)]

@@ -105,6 +105,8 @@ pub struct LowerCtx<'a> {
     /// Building inside a compiled trace: no host reads, no in-place updates.
     tracing: bool,
     write_backs: Vec<RowWriteBack>,
+    /// Values of enclosing scopes by name (the node's implicit inputs), for its subgraphs.
+    scope: Option<&'a std::collections::HashMap<String, Array>>,
 }
 
 /// A lowering's request to write rows of an updated input back into ORT's buffer for it.
@@ -125,7 +127,7 @@ impl<'a> LowerCtx<'a> {
     /// A context over plain inputs (no constants, no derived-constant cache).
     pub fn new(inputs: Vec<Option<Array>>, stream: &'a Stream, cpu: &'a Stream) -> LowerCtx<'a> {
         let constants = vec![None; inputs.len()];
-        LowerCtx { inputs, constants, derived: None, stream, cpu, tracing: false, write_backs: Vec::new() }
+        LowerCtx { inputs, constants, derived: None, stream, cpu, tracing: false, write_backs: Vec::new(), scope: None }
     }
 
     pub(crate) fn with_constants(
@@ -135,8 +137,75 @@ impl<'a> LowerCtx<'a> {
         stream: &'a Stream,
         cpu: &'a Stream,
         tracing: bool,
+        scope: Option<&'a std::collections::HashMap<String, Array>>,
     ) -> LowerCtx<'a> {
-        LowerCtx { inputs, constants, derived: Some(derived), stream, cpu, tracing, write_backs: Vec::new() }
+        LowerCtx { inputs, constants, derived: Some(derived), stream, cpu, tracing, write_backs: Vec::new(), scope }
+    }
+
+    /// Runs a subgraph (a branch of If, a loop body) on `inputs`, bound to its formal inputs in
+    /// order, and returns its outputs. Names the subgraph uses without defining them resolve
+    /// to the enclosing scopes: this node's implicit inputs, and the values of any subgraph
+    /// this one is nested in. Every node must have a registered lowering that claims it (a
+    /// lowering with subgraphs checks that in its claim, with [`crate::registry::global`]).
+    pub fn run_subgraph(&self, graph: &crate::graph::Subgraph, inputs: Vec<Array>) -> Result<Vec<Array>> {
+        if inputs.len() != graph.inputs.len() {
+            return Err(Error::new(format!("subgraph takes {} inputs, {} given", graph.inputs.len(), inputs.len())));
+        }
+        let registry = crate::registry::global()?;
+        let mut env: std::collections::HashMap<String, Array> = self.scope.cloned().unwrap_or_default();
+        for (name, t) in &graph.initializers {
+            let dtype = t
+                .elem_type
+                .to_mlx()
+                .ok_or_else(|| Error::new(format!("subgraph initializer '{name}' has type {:?}", t.elem_type)))?;
+            let shared = crate::shared::SharedConstants::global().get(&t.bytes, &t.shape, dtype)?;
+            env.insert(name.clone(), Array::clone(&shared));
+        }
+        for (formal, a) in graph.inputs.iter().zip(inputs) {
+            env.insert(formal.name.clone(), a);
+        }
+        for node in &graph.nodes {
+            let lowering = registry
+                .claim(node)
+                .map_err(|d| Error::new(format!("cannot lower: {d}")).at_node(&node.name, &node.qualified_op()))?;
+            let mut args = Vec::with_capacity(node.inputs.len());
+            for v in &node.inputs {
+                args.push(match v {
+                    None => None,
+                    Some(v) => Some(env.get(&v.name).cloned().ok_or_else(|| {
+                        Error::new(format!("input '{}' is not defined in scope", v.name))
+                            .at_node(&node.name, &node.qualified_op())
+                    })?),
+                });
+            }
+            let results = {
+                let mut ctx = LowerCtx {
+                    inputs: args,
+                    constants: vec![None; node.inputs.len()],
+                    derived: None,
+                    stream: self.stream,
+                    cpu: self.cpu,
+                    tracing: self.tracing,
+                    write_backs: Vec::new(),
+                    scope: Some(&env),
+                };
+                lowering.lower(&mut ctx, node).map_err(|e| e.at_node(&node.name, &node.qualified_op()))?
+            };
+            for (out, a) in node.outputs.iter().zip(results) {
+                if let Some(out) = out {
+                    env.insert(out.name.clone(), a);
+                }
+            }
+        }
+        graph
+            .outputs
+            .iter()
+            .map(|o| {
+                env.get(&o.name)
+                    .cloned()
+                    .ok_or_else(|| Error::new(format!("subgraph output '{}' was not produced", o.name)))
+            })
+            .collect()
     }
 
     pub(crate) fn take_write_backs(&mut self) -> Vec<RowWriteBack> {

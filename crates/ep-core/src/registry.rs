@@ -128,6 +128,7 @@ mod tests {
             inputs: vec![],
             outputs: vec![],
             attributes: Default::default(),
+            implicit_inputs: vec![],
         }
     }
 

@@ -1,10 +1,13 @@
-//! The controlflow op family. It registers no lowerings yet; it exists so the plugin's
-//! `controlflow` feature, the registry and the trimmed builds are wired from the start.
+//! Control-flow lowerings: If.
 //!
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`], end it with
-//! `ep_core::register_lowering!(NAME = Value);`, and add its `mod` line here.
+//! `ep_core::register_lowering!(NAME = Value);`, and add its `mod` line here. List it in
+//! `crates/plugin/registered-ops.txt` and give it a case in `crates/conformance/tests/ops.rs`
+//! (or, for ops with subgraphs, which ORT's model editor cannot build, in `python/check_plugin.py`).
 #![forbid(unsafe_code)]
+
+mod if_op;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
 pub fn link() {}

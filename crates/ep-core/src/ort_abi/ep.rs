@@ -4,7 +4,7 @@ use super::boundary::{guard, guard_value, non_null};
 use super::compute::ComputeInfo;
 use super::graph_reader::{self, graph_nodes, node_inputs, node_outputs, read_node};
 use super::tables::{OrtEp, OrtEpGraphSupportInfo, OrtNodeComputeInfo, OrtNodeFusionOptions, TABLE_VERSION};
-use super::{check_status, ep_api};
+use super::{check_status, ep_api, ort_call};
 use crate::exec::Plan;
 use crate::graph::NodeInfo;
 use crate::partition::{PartNode, partition, topological_order};
@@ -117,8 +117,14 @@ fn part_nodes(nodes: &[NodeInfo], claimed: impl Fn(usize) -> bool) -> Vec<PartNo
         .iter()
         .enumerate()
         .map(|(i, n)| {
-            let mut producers: Vec<usize> =
-                n.inputs.iter().flatten().filter_map(|v| producer.get(v.name.as_str()).copied()).collect();
+            // Implicit inputs (values a node's subgraphs use) are edges too.
+            let mut producers: Vec<usize> = n
+                .inputs
+                .iter()
+                .flatten()
+                .chain(&n.implicit_inputs)
+                .filter_map(|v| producer.get(v.name.as_str()).copied())
+                .collect();
             producers.sort_unstable();
             producers.dedup();
             PartNode { producers, claimed: claimed(i) }
@@ -137,6 +143,23 @@ unsafe extern "system" fn get_capability(
         non_null(support, "graph_support_info")?;
         // SAFETY: `this` is our EP.
         let ep = unsafe { &*this.cast::<Ep>() };
+        // ORT offers a subgraph (an If branch, a Loop body) before the node that owns it. When
+        // the EP will take that node whole, its subgraph is left untouched here.
+        let mut parent: *const OrtNode = std::ptr::null();
+        ort_call!(Graph_GetParentNode(graph, &mut parent))?;
+        if !parent.is_null() {
+            let owner = read_node(parent)?;
+            if decide(registry::global()?, &owner).is_ok() {
+                if ep.claim_debug {
+                    eprintln!(
+                        "[{EP_NAME}] subgraph of node '{}' ({}) is left to that node",
+                        owner.name,
+                        owner.qualified_op()
+                    );
+                }
+                return Ok(());
+            }
+        }
         let raw = graph_nodes(graph)?;
         let nodes = raw.iter().map(|&n| read_node(n)).collect::<Result<Vec<_>>>()?;
         let claims = claim_and_partition(nodes)?;
@@ -242,8 +265,10 @@ fn build_plan(ep: &Ep, graph: *const OrtGraph, fused_node: *const OrtNode) -> Re
         nodes.iter().flat_map(|n| n.outputs.iter().flatten().map(|v| v.name.as_str())).collect();
     let mut constants = HashMap::new();
     for (&node, info) in raw.iter().zip(&nodes) {
-        let values: Vec<*const OrtValueInfo> = node_inputs(node)?;
-        for (v, desc) in values.into_iter().zip(&info.inputs) {
+        let mut values: Vec<*const OrtValueInfo> = node_inputs(node)?;
+        values.extend(graph_reader::node_implicit_inputs(node)?);
+        let descs = info.inputs.iter().map(Option::as_ref).chain(info.implicit_inputs.iter().map(Some));
+        for (v, desc) in values.into_iter().zip(descs) {
             let Some(desc) = desc else { continue };
             let name = desc.name.as_str();
             if runtime.contains(name) || produced.contains(name) || constants.contains_key(name) {

@@ -2,7 +2,7 @@
 //! descriptions of [`crate::graph`], and initializer data into MLX arrays.
 
 use super::{c_str, ort_call};
-use crate::graph::{AttrValue, ElemType, NodeInfo, ValueInfo};
+use crate::graph::{AttrValue, ElemType, NodeInfo, Subgraph, TensorData, ValueInfo};
 use crate::mlx::Array;
 use crate::{Error, Result};
 use ort_sys::{ONNXType, OrtGraph, OrtNode, OrtOpAttr, OrtOpAttrType, OrtTypeInfo, OrtValue, OrtValueInfo};
@@ -39,6 +39,15 @@ pub(crate) fn node_outputs(node: *const OrtNode) -> Result<Vec<*const OrtValueIn
     read_list(|n| ort_call!(Node_GetNumOutputs(node, n)), |p, n| ort_call!(Node_GetOutputs(node, p, n)))
 }
 
+/// Values of enclosing scopes the node's subgraphs use.
+pub(crate) fn node_implicit_inputs(node: *const OrtNode) -> Result<Vec<*const OrtValueInfo>> {
+    let list = read_list(
+        |n| ort_call!(Node_GetNumImplicitInputs(node, n)),
+        |p, n| ort_call!(Node_GetImplicitInputs(node, p, n)),
+    )?;
+    Ok(list.into_iter().filter(|v| !v.is_null()).collect())
+}
+
 pub(crate) fn node_name(node: *const OrtNode) -> Result<String> {
     let mut p: *const c_char = null();
     ort_call!(Node_GetName(node, &mut p))?;
@@ -58,7 +67,8 @@ pub(crate) fn read_node(node: *const OrtNode) -> Result<NodeInfo> {
     let inputs = node_inputs(node)?.into_iter().map(read_optional_value).collect::<Result<_>>()?;
     let outputs = node_outputs(node)?.into_iter().map(read_optional_value).collect::<Result<_>>()?;
     let attributes = read_attributes(node).map_err(|e| e.at_node(&name, &op_type))?;
-    Ok(NodeInfo { name, op_type, domain, since_version, inputs, outputs, attributes })
+    let implicit_inputs = node_implicit_inputs(node)?.into_iter().map(read_value_info).collect::<Result<_>>()?;
+    Ok(NodeInfo { name, op_type, domain, since_version, inputs, outputs, attributes, implicit_inputs })
 }
 
 fn read_optional_value(v: *const OrtValueInfo) -> Result<Option<ValueInfo>> {
@@ -110,6 +120,7 @@ fn read_tensor_type(type_info: *const OrtTypeInfo) -> Result<TensorType> {
 }
 
 fn read_attributes(node: *const OrtNode) -> Result<BTreeMap<String, AttrValue>> {
+    let subgraphs = read_subgraphs(node)?;
     let attrs =
         read_list(|n| ort_call!(Node_GetNumAttributes(node, n)), |p, n| ort_call!(Node_GetAttributes(node, p, n)))?;
     let mut out = BTreeMap::new();
@@ -136,13 +147,75 @@ fn read_attributes(node: *const OrtNode) -> Result<BTreeMap<String, AttrValue>> 
                 }
                 AttrValue::Strings(parts)
             }
-            OrtOpAttrType::ORT_OP_ATTR_TENSOR => AttrValue::Tensor,
-            OrtOpAttrType::ORT_OP_ATTR_GRAPH => AttrValue::Graph,
+            OrtOpAttrType::ORT_OP_ATTR_TENSOR => AttrValue::Tensor(read_tensor_attribute(a)?),
+            OrtOpAttrType::ORT_OP_ATTR_GRAPH => match subgraphs.iter().find(|(n, _)| *n == name) {
+                Some((_, g)) => AttrValue::Graph(Box::new(g.clone())),
+                None => return Err(Error::new(format!("graph attribute '{name}' has no subgraph"))),
+            },
             OrtOpAttrType::ORT_OP_ATTR_UNDEFINED => AttrValue::Undefined,
         };
         out.insert(name, value);
     }
     Ok(out)
+}
+
+fn read_tensor_attribute(a: *const OrtOpAttr) -> Result<TensorData> {
+    let mut value: *mut OrtValue = null_mut();
+    ort_call!(OpAttr_GetTensorAttributeAsOrtValue(a, &mut value))?;
+    if value.is_null() {
+        return Err(Error::new("a tensor attribute has no value"));
+    }
+    // SAFETY: `value` is a tensor ORT created for us; it is released right after the copy.
+    let data = unsafe {
+        tensor_ref(value).map(|t| TensorData { elem_type: t.elem_type, shape: t.shape, bytes: t.bytes.to_vec() })
+    };
+    // SAFETY: we own `value`.
+    unsafe { (super::api().ReleaseValue)(value) };
+    data
+}
+
+/// The node's subgraph attributes, by attribute name.
+fn read_subgraphs(node: *const OrtNode) -> Result<Vec<(String, Subgraph)>> {
+    let mut n = 0usize;
+    ort_call!(Node_GetNumSubgraphs(node, &mut n))?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let mut graphs = vec![null::<OrtGraph>(); n];
+    let mut names = vec![null::<c_char>(); n];
+    ort_call!(Node_GetSubgraphs(node, graphs.as_mut_ptr(), n, names.as_mut_ptr()))?;
+    graphs.into_iter().zip(names).map(|(g, name)| Ok((c_str(name), read_subgraph(g)?))).collect()
+}
+
+/// Reads a subgraph: formal inputs and outputs, nodes (recursively), constant initializers.
+pub(crate) fn read_subgraph(graph: *const OrtGraph) -> Result<Subgraph> {
+    let inputs =
+        read_list(|n| ort_call!(Graph_GetNumInputs(graph, n)), |p, n| ort_call!(Graph_GetInputs(graph, p, n)))?;
+    let outputs =
+        read_list(|n| ort_call!(Graph_GetNumOutputs(graph, n)), |p, n| ort_call!(Graph_GetOutputs(graph, p, n)))?;
+    let inits = read_list(
+        |n| ort_call!(Graph_GetNumInitializers(graph, n)),
+        |p, n| ort_call!(Graph_GetInitializers(graph, p, n)),
+    )?;
+    let nodes = graph_nodes(graph)?.into_iter().map(read_node).collect::<Result<Vec<_>>>()?;
+    let mut initializers = Vec::new();
+    for v in inits {
+        let info = read_value_info(v)?;
+        let mut value: *const OrtValue = null();
+        ort_call!(ValueInfo_GetInitializerValue(v, &mut value))?;
+        if value.is_null() {
+            continue;
+        }
+        // SAFETY: ORT keeps the initializer alive during this call.
+        let t = unsafe { tensor_ref(value)? };
+        initializers.push((info.name, TensorData { elem_type: t.elem_type, shape: t.shape, bytes: t.bytes.to_vec() }));
+    }
+    Ok(Subgraph {
+        inputs: inputs.into_iter().map(read_value_info).collect::<Result<_>>()?,
+        outputs: outputs.into_iter().map(read_value_info).collect::<Result<_>>()?,
+        nodes,
+        initializers,
+    })
 }
 
 fn read_scalar<T: Default + Copy>(a: *const OrtOpAttr, ty: OrtOpAttrType) -> Result<T> {
