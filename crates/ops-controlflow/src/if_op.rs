@@ -21,7 +21,7 @@ fn check_branch(graph: &Subgraph, branch: &str, outputs: usize) -> std::result::
             .map_err(|d| Decline(format!("{branch}: node '{}' ({}): {d}", node.name, node.qualified_op())))?;
     }
     for out in &graph.outputs {
-        if !out.elem_type.is_some_and(|t| t.to_mlx().is_some()) {
+        if out.elem_type.is_none_or(|t| t.to_mlx().is_none()) {
             return Err(Decline(format!("{branch} output '{}' has type {:?}", out.name, out.elem_type)));
         }
     }
