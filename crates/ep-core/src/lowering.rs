@@ -1,6 +1,6 @@
 //! The extension contract: how an op crate teaches the EP a new op.
 //!
-//! An op is one type implementing [`Lowering`] plus one [`register_lowering!`] line:
+//! An op is one type implementing [`Lowering`] plus one [`register_lowering!`](crate::register_lowering) line:
 //!
 //! ```ignore
 //! use ep_core::{Decline, LowerCtx, Lowering, NodeInfo, Result, mlx};

@@ -1,4 +1,4 @@
-//! The registry of lowerings: every [`Lowering`] registered through [`register_lowering!`],
+//! The registry of lowerings: every [`Lowering`] registered through [`register_lowering!`](crate::register_lowering),
 //! indexed once by (domain, op type). Claim and lowering read the same entry.
 
 use crate::graph::{NodeInfo, is_onnx_domain};

@@ -2,7 +2,7 @@
 //! that calls `unsafe` FFI.
 //!
 //! # Invariants
-//! - Every mlx-c call goes through [`check`], which turns a non-zero return into an [`MlxError`]
+//! - Every mlx-c call goes through `check`, which turns a non-zero return into an [`MlxError`]
 //!   carrying the message MLX reported.
 //! - The process-global mlx-c error handler is ours ([`init`], installed when the plugin loads):
 //!   mlx-c's default handler prints and *exits the process*, which a library loaded into someone

@@ -2,9 +2,9 @@
 //! and reading ORT's graph into [`crate::graph`]. With `crate::mlx`, the only home of `unsafe`.
 //!
 //! # Invariants
-//! - Every `extern "system"` function ORT calls runs its body inside [`boundary::guard`]: a
+//! - Every `extern "system"` function ORT calls runs its body inside `boundary::guard`: a
 //!   panic or an error becomes an `OrtStatus`; nothing unwinds into ORT.
-//! - Every `OrtApi` call goes through [`ort_call!`], which turns a status into a `Result` and
+//! - Every `OrtApi` call goes through `ort_call!`, which turns a status into a `Result` and
 //!   releases it.
 //! - ORT's graph objects are read during the call that hands them over and never kept.
 
