@@ -572,6 +572,26 @@ mod tests {
     }
     static SET_ROW: SetRow = SetRow;
 
+    /// `a + (b or 1)`: input 1 is optional.
+    struct AddOptional;
+    impl Lowering for AddOptional {
+        fn op_type(&self) -> &'static str {
+            "AddOptional"
+        }
+        fn opsets(&self) -> std::ops::RangeInclusive<i32> {
+            1..=i32::MAX
+        }
+        fn claim(&self, _: &NodeInfo) -> std::result::Result<(), Decline> {
+            Ok(())
+        }
+        fn lower(&self, ctx: &mut LowerCtx<'_>, _: &NodeInfo) -> Result<Vec<Array>> {
+            let one = Array::scalar_f32(1.0);
+            let b = ctx.optional_input(1).unwrap_or(&one);
+            Ok(vec![mlx::ops::add(ctx.input(0)?, b, ctx.stream())?])
+        }
+    }
+    static ADD_OPTIONAL: AddOptional = AddOptional;
+
     fn value(name: &str) -> Option<ValueInfo> {
         Some(ValueInfo { name: name.into(), elem_type: Some(ElemType::F32), shape: None, is_constant: false })
     }
@@ -973,5 +993,27 @@ mod tests {
         assert!(run.write_backs.is_empty(), "no ORT buffer to share");
         let got = run.outputs[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap();
         assert_eq!(got, vec![0.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+    }
+
+    #[test]
+    fn an_omitted_optional_input_resolves_to_absent() {
+        let _g = mlx::lock();
+        let registry = Registry::build(&[&ADD_OPTIONAL]).unwrap();
+        let mut n = node("AddOptional", ["x", "unused"], "y");
+        n.inputs[1] = None;
+        let plan = Plan::new(
+            "p",
+            vec![n],
+            vec!["x".into()],
+            vec![("y".into(), ElemType::F32)],
+            HashMap::new(),
+            &registry,
+            Arc::new(SessionStats::default()),
+            false,
+        )
+        .unwrap();
+        assert_eq!(plan.translation.nodes[0].inputs, vec![Source::Input(0), Source::Absent]);
+        let y = plan.run(vec![Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap()]).unwrap().outputs;
+        assert_eq!(y[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap(), vec![2.0, 3.0]);
     }
 }
