@@ -17,7 +17,7 @@ pub fn run_model(args: &[String]) -> Result {
 }
 
 fn runner(args: &[String]) -> Result {
-    setup::ensure(false)?;
+    setup::ensure(None)?;
     step("building the plugin and the runner (release)");
     util::run(util::cargo().args(["build", "--release", "-p", "onnxruntime-mlx-ep", "-p", "mlx-ep-host"]))?;
     let bin = util::target_dir().join("release/mlx-ep-run");

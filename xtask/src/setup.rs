@@ -28,18 +28,27 @@ pub fn run(args: &[String]) -> Result {
             other => return Err(format!("setup: unknown option `{other}`")),
         }
     }
-    ensure(cuda)
+    ensure(Some(cuda))
 }
 
-/// Runs setup; quiet when everything is already in place.
-pub fn ensure(cuda: bool) -> Result {
+/// Runs setup; quiet when everything is already in place. `cuda: None` keeps the MLX wheel
+/// variant already installed (`setup --cuda` once, then `demo` and `test` stay on CUDA).
+pub fn ensure(cuda: Option<bool>) -> Result {
     let home = util::home();
+    let cuda = cuda.unwrap_or_else(|| {
+        fs::read_to_string(home.join("venv/.xtask-requirements")).is_ok_and(|stamp| installed_is_cuda(&stamp))
+    });
     fs::create_dir_all(home.join("lib")).map_err(|e| format!("creating {}: {e}", home.display()))?;
     python_env(&home, cuda)?;
     let site = site_packages()?;
     link_runtime_libraries(&home, &site)?;
     mlx_c_sources(&home)?;
     Ok(())
+}
+
+/// Whether a requirements stamp records the CUDA MLX wheel.
+fn installed_is_cuda(stamp: &str) -> bool {
+    stamp.lines().any(|l| l.trim().starts_with(&format!("mlx-cuda-13=={MLX_VERSION}")))
 }
 
 fn mlx_wheel(cuda: bool) -> String {
@@ -175,4 +184,16 @@ fn copy_dir(from: &Path, to: &Path) -> Result {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_installed_wheel_variant_is_kept() {
+        assert!(installed_is_cuda(&format!("onnxruntime==1.31.1\n{}\n", mlx_wheel(true))));
+        assert!(!installed_is_cuda(&format!("onnxruntime==1.31.1\n{}\n", mlx_wheel(false))));
+        assert!(!installed_is_cuda("# mlx-cuda-13==0.32.2 is mentioned in a comment only\n"));
+    }
 }

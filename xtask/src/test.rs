@@ -9,7 +9,7 @@ pub fn run(args: &[String]) -> Result {
     if let Some(a) = args.first() {
         return Err(format!("test: unknown option `{a}`"));
     }
-    setup::ensure(false)?;
+    setup::ensure(None)?;
     step("building a trimmed plugin (elementwise family only) into target/debug/trimmed");
     util::run(util::cargo().args([
         "build",
