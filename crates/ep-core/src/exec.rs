@@ -15,7 +15,9 @@
 //!   failed once (the reason goes to the session summary).
 
 use crate::graph::{ElemType, NodeInfo};
-use crate::lowering::{CompileSafety, DerivedConstants, LowerCtx, Lowering, RowWriteBack};
+use crate::lowering::{
+    CompileSafety, DerivedConstants, LowerCtx, Lowering, PlanCaches, RowWriteBack, SubgraphConstants,
+};
 use crate::mlx::{self, Array, Closure, Dtype, MlxError, Stream, VectorArray};
 use crate::registry::Registry;
 use crate::stats::{Phase, SessionStats};
@@ -68,7 +70,7 @@ struct Translation {
     constants: Vec<(String, Arc<Array>)>,
     nodes: Vec<PlanNode>,
     num_values: usize,
-    derived: DerivedConstants,
+    caches: PlanCaches,
     cpu: Stream,
     stats: Arc<SessionStats>,
 }
@@ -103,7 +105,7 @@ impl Translation {
                     .collect()
             });
             let mut ctx =
-                LowerCtx::with_constants(args, constant_ids, &self.derived, stream, &self.cpu, tracing, scope.as_ref());
+                LowerCtx::with_constants(args, constant_ids, &self.caches, stream, &self.cpu, tracing, scope.as_ref());
             let results =
                 node.lowering.lower(&mut ctx, info).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
             for request in ctx.take_write_backs() {
@@ -342,7 +344,10 @@ impl Plan {
             constants,
             nodes,
             num_values,
-            derived: DerivedConstants::new(Arc::clone(&stats)),
+            caches: PlanCaches {
+                derived: DerivedConstants::new(Arc::clone(&stats)),
+                subgraphs: SubgraphConstants::default(),
+            },
             cpu: Stream::cpu()?,
             stats: Arc::clone(&stats),
         };
@@ -591,6 +596,25 @@ mod tests {
         }
     }
     static ADD_OPTIONAL: AddOptional = AddOptional;
+
+    /// Runs its `body` subgraph attribute and returns the subgraph's outputs.
+    struct RunBody;
+    impl Lowering for RunBody {
+        fn op_type(&self) -> &'static str {
+            "RunBody"
+        }
+        fn opsets(&self) -> std::ops::RangeInclusive<i32> {
+            1..=i32::MAX
+        }
+        fn claim(&self, _: &NodeInfo) -> std::result::Result<(), Decline> {
+            Ok(())
+        }
+        fn lower(&self, ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+            let body = node.attr_graph("body").map_err(Error::new)?.expect("test node has a body");
+            ctx.run_subgraph(body, vec![])
+        }
+    }
+    static RUN_BODY: RunBody = RunBody;
 
     fn value(name: &str) -> Option<ValueInfo> {
         Some(ValueInfo { name: name.into(), elem_type: Some(ElemType::F32), shape: None, is_constant: false })
@@ -1015,5 +1039,51 @@ mod tests {
         assert_eq!(plan.translation.nodes[0].inputs, vec![Source::Input(0), Source::Absent]);
         let y = plan.run(vec![Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap()]).unwrap().outputs;
         assert_eq!(y[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap(), vec![2.0, 3.0]);
+    }
+
+    #[test]
+    fn subgraph_initializers_are_uploaded_once_per_plan() {
+        use crate::graph::{AttrValue, Subgraph, TensorData};
+        let _g = mlx::lock();
+        let registry = Registry::build(&[&RUN_BODY]).unwrap();
+        let bytes: Vec<u8> = [7.0f32, 8.0, 9.0].iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let body = Subgraph {
+            inputs: vec![],
+            outputs: vec![value("c").unwrap()],
+            nodes: vec![],
+            initializers: vec![("c".into(), TensorData { elem_type: ElemType::F32, shape: vec![3], bytes })],
+        };
+        let mut n = node("RunBody", ["x", "x"], "y");
+        n.inputs.clear();
+        n.attributes.insert("body".into(), AttrValue::Graph(Box::new(body)));
+        let plan = Plan::new(
+            "p",
+            vec![n],
+            vec![],
+            vec![("y".into(), ElemType::F32)],
+            HashMap::new(),
+            &registry,
+            Arc::new(SessionStats::default()),
+            false,
+        )
+        .unwrap();
+        let cached = || {
+            plan.translation
+                .caches
+                .subgraphs
+                .arrays
+                .lock()
+                .unwrap()
+                .values()
+                .next()
+                .map(|a| a.host_bytes().unwrap().as_ptr() as usize)
+        };
+        let first = plan.run(vec![]).unwrap().outputs;
+        let buffer = cached().expect("the initializer is cached");
+        let second = plan.run(vec![]).unwrap().outputs;
+        assert_eq!(cached(), Some(buffer), "the same MLX buffer serves every run");
+        for y in [first, second] {
+            assert_eq!(y[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap(), vec![7.0, 8.0, 9.0]);
+        }
     }
 }

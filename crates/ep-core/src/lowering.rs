@@ -107,6 +107,38 @@ pub struct LowerCtx<'a> {
     write_backs: Vec<RowWriteBack>,
     /// Values of enclosing scopes by name (the node's implicit inputs), for its subgraphs.
     scope: Option<&'a std::collections::HashMap<String, Array>>,
+    subgraph_constants: Option<&'a SubgraphConstants>,
+}
+
+/// A plan's caches of work done on constants.
+pub struct PlanCaches {
+    pub derived: DerivedConstants,
+    pub subgraphs: SubgraphConstants,
+}
+
+/// The MLX copies of subgraph initializers, made once per plan. Keyed by the subgraph's
+/// address, which is stable while the plan (which owns the node and its attributes) lives.
+#[derive(Default)]
+pub struct SubgraphConstants {
+    pub(crate) arrays: std::sync::Mutex<std::collections::HashMap<(usize, String), Array>>,
+}
+
+impl SubgraphConstants {
+    fn get(&self, graph: &crate::graph::Subgraph, name: &str, data: &crate::graph::TensorData) -> Result<Array> {
+        let key = (graph as *const crate::graph::Subgraph as usize, name.to_owned());
+        let mut arrays = self.arrays.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(a) = arrays.get(&key) {
+            return Ok(a.clone());
+        }
+        let dtype = data
+            .elem_type
+            .to_mlx()
+            .ok_or_else(|| Error::new(format!("subgraph initializer '{name}' has type {:?}", data.elem_type)))?;
+        let shared = crate::shared::SharedConstants::global().get(&data.bytes, &data.shape, dtype)?;
+        let a = Array::clone(&shared);
+        arrays.insert(key, a.clone());
+        Ok(a)
+    }
 }
 
 /// A lowering's request to write rows of an updated input back into ORT's buffer for it.
@@ -127,19 +159,39 @@ impl<'a> LowerCtx<'a> {
     /// A context over plain inputs (no constants, no derived-constant cache).
     pub fn new(inputs: Vec<Option<Array>>, stream: &'a Stream, cpu: &'a Stream) -> LowerCtx<'a> {
         let constants = vec![None; inputs.len()];
-        LowerCtx { inputs, constants, derived: None, stream, cpu, tracing: false, write_backs: Vec::new(), scope: None }
+        LowerCtx {
+            inputs,
+            constants,
+            derived: None,
+            stream,
+            cpu,
+            tracing: false,
+            write_backs: Vec::new(),
+            scope: None,
+            subgraph_constants: None,
+        }
     }
 
     pub(crate) fn with_constants(
         inputs: Vec<Option<Array>>,
         constants: Vec<Option<usize>>,
-        derived: &'a DerivedConstants,
+        caches: &'a PlanCaches,
         stream: &'a Stream,
         cpu: &'a Stream,
         tracing: bool,
         scope: Option<&'a std::collections::HashMap<String, Array>>,
     ) -> LowerCtx<'a> {
-        LowerCtx { inputs, constants, derived: Some(derived), stream, cpu, tracing, write_backs: Vec::new(), scope }
+        LowerCtx {
+            inputs,
+            constants,
+            derived: Some(&caches.derived),
+            stream,
+            cpu,
+            tracing,
+            write_backs: Vec::new(),
+            scope,
+            subgraph_constants: Some(&caches.subgraphs),
+        }
     }
 
     /// Runs a subgraph (a branch of If, a loop body) on `inputs`, bound to its formal inputs in
@@ -153,13 +205,10 @@ impl<'a> LowerCtx<'a> {
         }
         let registry = crate::registry::global()?;
         let mut env: std::collections::HashMap<String, Array> = self.scope.cloned().unwrap_or_default();
+        let fallback = SubgraphConstants::default();
+        let cache = self.subgraph_constants.unwrap_or(&fallback);
         for (name, t) in &graph.initializers {
-            let dtype = t
-                .elem_type
-                .to_mlx()
-                .ok_or_else(|| Error::new(format!("subgraph initializer '{name}' has type {:?}", t.elem_type)))?;
-            let shared = crate::shared::SharedConstants::global().get(&t.bytes, &t.shape, dtype)?;
-            env.insert(name.clone(), Array::clone(&shared));
+            env.insert(name.clone(), cache.get(graph, name, t)?);
         }
         for (formal, a) in graph.inputs.iter().zip(inputs) {
             env.insert(formal.name.clone(), a);
@@ -188,6 +237,7 @@ impl<'a> LowerCtx<'a> {
                     tracing: self.tracing,
                     write_backs: Vec::new(),
                     scope: Some(&env),
+                    subgraph_constants: Some(cache),
                 };
                 lowering.lower(&mut ctx, node).map_err(|e| e.at_node(&node.name, &node.qualified_op()))?
             };
