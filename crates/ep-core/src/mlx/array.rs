@@ -30,7 +30,8 @@ impl Array {
             )));
         }
         // MLX reads `count` elements; an empty tensor still needs a valid pointer.
-        let ptr = if data.is_empty() { [0u8; 8].as_ptr() } else { data.as_ptr() };
+        static EMPTY: [u8; 8] = [0; 8];
+        let ptr = if data.is_empty() { EMPTY.as_ptr() } else { data.as_ptr() };
         // SAFETY: `ptr` holds `expected` readable bytes; mlx-c copies them before returning.
         let raw =
             unsafe { mlx_sys::mlx_array_new_data(ptr.cast(), dims.as_ptr(), dims.len() as c_int, dtype.to_raw()) };
