@@ -2,6 +2,7 @@
 //!
 //! One module per subcommand; shared path and process helpers live in `util`.
 
+mod conformance;
 mod demo;
 mod env;
 mod setup;
@@ -20,7 +21,11 @@ commands:
   demo                  build the plugin (release) and run an MLP on the CPU EP and the MLX EP
   run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]...
                         the same report for any model
-  test                  everything CI runs: setup, build, cargo test, the Python check
+  conformance [--node-tests] [--update-passing]
+                        the differential suite; with --node-tests also the ONNX backend node
+                        tests, regenerating docs/CONFORMANCE.md
+  test                  everything CI runs: setup, build, cargo test, the Python check, and the
+                        node tests held to crates/conformance/node-tests-passing.txt
 ";
 
 fn main() -> ExitCode {
@@ -35,6 +40,7 @@ fn main() -> ExitCode {
         "demo" => demo::demo(rest),
         "run" => demo::run_model(rest),
         "test" => test::run(rest),
+        "conformance" => conformance::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())

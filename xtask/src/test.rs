@@ -1,5 +1,6 @@
 //! `cargo xtask test`: everything CI runs, in order: setup, a trimmed plugin build, the
-//! workspace build, `cargo test --workspace`, then the Python check against the wheel's ORT.
+//! workspace build, `cargo test --workspace`, the ONNX node tests (no test on the committed
+//! passing list may fail), then the Python check against the wheel's ORT.
 
 use crate::setup;
 use crate::util::{self, Result, step};
@@ -27,6 +28,10 @@ pub fn run(args: &[String]) -> Result {
     util::run(util::cargo().args(["build", "--workspace"]))?;
     step("cargo test --workspace");
     util::run(util::cargo().args(["test", "--workspace"]).env("ORT_MLX_EP_LIB", util::plugin_path("debug")))?;
+    crate::conformance::node_suite(&[
+        "--check-passing".to_string(),
+        util::root().join(crate::conformance::PASSING_LIST).display().to_string(),
+    ])?;
     step("Python check (onnxruntime wheel + plugin)");
     util::run(
         Command::new(util::venv_python())

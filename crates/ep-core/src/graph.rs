@@ -138,6 +138,9 @@ pub enum AttrValue {
     Tensor(TensorData),
     Graph(Box<Subgraph>),
     Undefined,
+    /// An attribute the EP cannot read (a string tensor, a type proto, ...), with the reason;
+    /// a lowering that needs it declines the node.
+    Unreadable(String),
 }
 
 /// One node, as lowerings see it.

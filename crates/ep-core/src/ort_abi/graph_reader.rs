@@ -128,35 +128,41 @@ fn read_attributes(node: *const OrtNode) -> Result<BTreeMap<String, AttrValue>> 
         let mut p: *const c_char = null();
         ort_call!(OpAttr_GetName(a, &mut p))?;
         let name = c_str(p);
-        let mut ty = OrtOpAttrType::ORT_OP_ATTR_UNDEFINED;
-        ort_call!(OpAttr_GetType(a, &mut ty))?;
-        let value = match ty {
-            OrtOpAttrType::ORT_OP_ATTR_INT => AttrValue::Int(read_scalar::<i64>(a, ty)?),
-            OrtOpAttrType::ORT_OP_ATTR_FLOAT => AttrValue::Float(read_scalar::<f32>(a, ty)?),
-            OrtOpAttrType::ORT_OP_ATTR_INTS => AttrValue::Ints(pod_vec(&read_bytes(a, ty)?)),
-            OrtOpAttrType::ORT_OP_ATTR_FLOATS => AttrValue::Floats(pod_vec(&read_bytes(a, ty)?)),
-            OrtOpAttrType::ORT_OP_ATTR_STRING => {
-                AttrValue::String(String::from_utf8_lossy(&read_bytes(a, ty)?).trim_end_matches('\0').to_owned())
-            }
-            OrtOpAttrType::ORT_OP_ATTR_STRINGS => {
-                let bytes = read_bytes(a, ty)?;
-                let mut parts: Vec<String> =
-                    bytes.split(|&b| b == 0).map(|s| String::from_utf8_lossy(s).into_owned()).collect();
-                if bytes.last() == Some(&0) {
-                    parts.pop();
-                }
-                AttrValue::Strings(parts)
-            }
-            OrtOpAttrType::ORT_OP_ATTR_TENSOR => AttrValue::Tensor(read_tensor_attribute(a)?),
-            OrtOpAttrType::ORT_OP_ATTR_GRAPH => match subgraphs.iter().find(|(n, _)| *n == name) {
-                Some((_, g)) => AttrValue::Graph(Box::new(g.clone())),
-                None => return Err(Error::new(format!("graph attribute '{name}' has no subgraph"))),
-            },
-            OrtOpAttrType::ORT_OP_ATTR_UNDEFINED => AttrValue::Undefined,
-        };
+        let value = read_attribute(a, &name, &subgraphs).unwrap_or_else(|e| AttrValue::Unreadable(e.to_string()));
         out.insert(name, value);
     }
     Ok(out)
+}
+
+/// One attribute's value; an error for a type the EP cannot represent.
+fn read_attribute(a: *const OrtOpAttr, name: &str, subgraphs: &[(String, Subgraph)]) -> Result<AttrValue> {
+    let mut ty = OrtOpAttrType::ORT_OP_ATTR_UNDEFINED;
+    ort_call!(OpAttr_GetType(a, &mut ty))?;
+    let value = match ty {
+        OrtOpAttrType::ORT_OP_ATTR_INT => AttrValue::Int(read_scalar::<i64>(a, ty)?),
+        OrtOpAttrType::ORT_OP_ATTR_FLOAT => AttrValue::Float(read_scalar::<f32>(a, ty)?),
+        OrtOpAttrType::ORT_OP_ATTR_INTS => AttrValue::Ints(pod_vec(&read_bytes(a, ty)?)),
+        OrtOpAttrType::ORT_OP_ATTR_FLOATS => AttrValue::Floats(pod_vec(&read_bytes(a, ty)?)),
+        OrtOpAttrType::ORT_OP_ATTR_STRING => {
+            AttrValue::String(String::from_utf8_lossy(&read_bytes(a, ty)?).trim_end_matches('\0').to_owned())
+        }
+        OrtOpAttrType::ORT_OP_ATTR_STRINGS => {
+            let bytes = read_bytes(a, ty)?;
+            let mut parts: Vec<String> =
+                bytes.split(|&b| b == 0).map(|s| String::from_utf8_lossy(s).into_owned()).collect();
+            if bytes.last() == Some(&0) {
+                parts.pop();
+            }
+            AttrValue::Strings(parts)
+        }
+        OrtOpAttrType::ORT_OP_ATTR_TENSOR => AttrValue::Tensor(read_tensor_attribute(a)?),
+        OrtOpAttrType::ORT_OP_ATTR_GRAPH => match subgraphs.iter().find(|(n, _)| *n == name) {
+            Some((_, g)) => AttrValue::Graph(Box::new(g.clone())),
+            None => return Err(Error::new(format!("graph attribute '{name}' has no subgraph"))),
+        },
+        OrtOpAttrType::ORT_OP_ATTR_UNDEFINED => AttrValue::Undefined,
+    };
+    Ok(value)
 }
 
 fn read_tensor_attribute(a: *const OrtOpAttr) -> Result<TensorData> {
@@ -206,9 +212,12 @@ pub(crate) fn read_subgraph(graph: *const OrtGraph) -> Result<Subgraph> {
         if value.is_null() {
             continue;
         }
-        // SAFETY: ORT keeps the initializer alive during this call.
-        let t = unsafe { tensor_ref(value)? };
-        initializers.push((info.name, TensorData { elem_type: t.elem_type, shape: t.shape, bytes: t.bytes.to_vec() }));
+        // SAFETY: ORT keeps the initializer alive during this call. An initializer the EP cannot
+        // hold (a string tensor) is left out: a node reading it declines on its type.
+        if let Ok(t) = unsafe { tensor_ref(value) } {
+            let data = TensorData { elem_type: t.elem_type, shape: t.shape, bytes: t.bytes.to_vec() };
+            initializers.push((info.name, data));
+        }
     }
     Ok(Subgraph {
         inputs: inputs.into_iter().map(read_value_info).collect::<Result<_>>()?,

@@ -1,0 +1,218 @@
+"""The ONNX backend node tests against the MLX EP.
+
+The `onnx` wheel no longer ships the node tests' data; its own case generators produce it
+(`onnx.backend.test.case.node.collect_testcases`). Each case's model is written to
+`target/onnx-node-tests/<test>/model.onnx` (replay one with `cargo xtask run`), then run on a
+session with the MLX EP and on ORT's CPU EP. Per test this records which part of its nodes the
+MLX EP ran (`all`, `some`, `none`, from ORT's assignment info) and whether the MLX session's
+outputs match the expected ones (`pass`, `fail`, `error`). Tests ORT 1.31 itself cannot load
+are counted as skipped.
+
+Usage: node_suite.py --out-json PATH [--report PATH] [--passing PATH] [--check-passing PATH]
+  --report PATH         write the per-op Markdown report
+  --passing PATH        write the sorted list of tests that are claimed (all/some) and pass
+  --check-passing PATH  fail when a test listed in PATH no longer passes
+"""
+
+import argparse
+import collections
+import json
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+EP = "MLXExecutionProvider"
+
+
+def value_matches(g, w, rtol, atol):
+    if isinstance(w, (list, tuple)):  # a sequence output
+        return isinstance(g, (list, tuple)) and len(g) == len(w) and all(value_matches(a, b, rtol, atol) for a, b in zip(g, w))
+    if w is None or g is None:  # an empty optional
+        return g is None and w is None
+    g, w = np.asarray(g), np.asarray(w)
+    if g.shape != w.shape or g.dtype != w.dtype:
+        return False
+    if w.dtype.kind in "fc":
+        return bool(np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True))
+    return bool(np.array_equal(g, w))
+
+
+def outputs_match(got, want, rtol, atol):
+    return len(got) == len(want) and all(value_matches(g, w, rtol, atol) for g, w in zip(got, want))
+
+
+def feed_value(v):
+    """The generators give some inputs as numpy scalars; sessions take arrays (or lists)."""
+    return np.asarray(v) if isinstance(v, np.generic) else v
+
+
+def session(model_bytes, mlx):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if mlx:
+        so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        so.add_provider_for_devices([d for d in ort.get_ep_devices() if d.ep_name == EP], {})
+        return ort.InferenceSession(model_bytes, so)
+    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+
+
+def run_case(case, out_dir, op_of):
+    model = case.model
+    model_bytes = model.SerializeToString()
+    case_dir = os.path.join(out_dir, case.name)
+    os.makedirs(case_dir, exist_ok=True)
+    with open(os.path.join(case_dir, "model.onnx"), "wb") as f:
+        f.write(model_bytes)
+    op, domain = op_of.get(case.name.split("_expanded")[0], ("?", ""))
+    record = {"test": case.name, "op": op, "domain": domain}
+    try:
+        cpu = session(model_bytes, mlx=False)
+    except Exception as e:  # ORT itself cannot load it (IR/opset too new, unsupported type)
+        record.update(claimed="none", result="skipped", reason=str(e).splitlines()[0][:200])
+        return record
+    # Whether ORT's CPU EP itself matches the expected outputs: a test it fails says nothing
+    # about the MLX EP.
+    try:
+        cpu_names = [i.name for i in cpu.get_inputs()]
+        record["cpu"] = "pass" if all(
+            outputs_match(cpu.run(None, {n: feed_value(v) for n, v in zip(cpu_names, inputs)}), expected, case.rtol, case.atol)
+            for inputs, expected in case.data_sets
+        ) else "fail"
+    except Exception:
+        record["cpu"] = "error"
+    try:
+        s = session(model_bytes, mlx=True)
+        eps = [sg.ep_name for sg in s.get_provider_graph_assignment_info() for _ in sg.get_nodes()]
+        on_mlx = sum(1 for e in eps if e == EP)
+        record["claimed"] = "none" if on_mlx == 0 else ("all" if on_mlx == len(eps) else "some")
+        names = [i.name for i in s.get_inputs()]
+        passed = True
+        for inputs, expected in case.data_sets:
+            feed = {n: feed_value(v) for n, v in zip(names, inputs)}
+            got = s.run(None, feed)
+            passed &= outputs_match(got, expected, case.rtol, case.atol)
+        record["result"] = "pass" if passed else "fail"
+    except Exception as e:
+        record.setdefault("claimed", "none")
+        record.update(result="error", reason=str(e).splitlines()[0][:300])
+    return record
+
+
+def report(records):
+    per_op = collections.OrderedDict()
+    for r in sorted(records, key=lambda r: (r["domain"], r["op"])):
+        key = f"{r['domain']}:{r['op']}" if r["domain"] else r["op"]
+        c = per_op.setdefault(key, collections.Counter())
+        c["tests"] += 1
+        if r["result"] == "skipped":
+            c["skipped"] += 1
+            continue
+        if r["claimed"] != "none":
+            c["claimed"] += 1
+            c["passed" if r["result"] == "pass" else "failed"] += 1
+            if r["result"] != "pass" and r.get("cpu") != "pass":
+                c["cpu_failed"] += 1
+    lines = [
+        "# Conformance: the ONNX backend node tests",
+        "",
+        "Generated by `cargo xtask conformance --node-tests` (python/node_suite.py) from the `onnx` "
+        f"{onnx.__version__} wheel's case generators, run with ONNX Runtime {ort.__version__}.",
+        "A test counts as *claimed* when the MLX EP ran some or all of its nodes (ORT's assignment",
+        "info; `_expanded` tests are function bodies expanded into primitive ops); *passed* and",
+        "*failed* count claimed tests whose outputs match the expected ones or not, with each test's",
+        "own tolerance; *skipped* tests are ones ORT 1.31 itself cannot load.",
+        "",
+    ]
+    total = collections.Counter()
+    for c in per_op.values():
+        total.update(c)
+    lines.append(
+        f"Totals: {total['tests']} tests, {total['skipped']} skipped, {total['claimed']} claimed, "
+        f"{total['passed']} passed, {total['failed']} failed."
+    )
+    lines += [
+        "",
+        "| op | tests | skipped | claimed | passed | failed | of which ORT's CPU EP fails too |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for op, c in per_op.items():
+        if c["claimed"] or c["failed"]:
+            lines.append(
+                f"| {op} | {c['tests']} | {c['skipped']} | {c['claimed']} | {c['passed']} | {c['failed']} | {c['cpu_failed']} |"
+            )
+    unclaimed = [op for op, c in per_op.items() if not c["claimed"]]
+    lines += ["", f"Ops whose tests the MLX EP does not claim yet ({len(unclaimed)}): " + ", ".join(unclaimed) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out-json", required=True)
+    p.add_argument("--report")
+    p.add_argument("--passing")
+    p.add_argument("--check-passing")
+    p.add_argument("--data-dir", default=os.path.join("target", "onnx-node-tests"))
+    args = p.parse_args()
+    lib = os.environ.get("ORT_MLX_EP_LIB")
+    if not lib or not os.path.exists(lib):
+        print(f"ORT_MLX_EP_LIB must point at the built plugin (got {lib!r})")
+        return 2
+    ort.register_execution_provider_library("MLX", lib)
+    ort.set_default_logger_severity(3)
+    from onnx.backend.test.case import node as node_cases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = [c for c in node_cases.collect_testcases(None) if c.kind == "node"]
+    # The op a test is about: the single node of its unexpanded form (`_expanded` tests are
+    # function bodies expanded into primitive ops).
+    op_of = {}
+    for c in cases:
+        if "_expanded" not in c.name and len(c.model.graph.node) == 1:
+            n = c.model.graph.node[0]
+            op_of[c.name] = (n.op_type, n.domain)
+    started = time.time()
+    records = []
+    for i, case in enumerate(cases):
+        records.append(run_case(case, args.data_dir, op_of))
+        if (i + 1) % 200 == 0:
+            print(f"  {i + 1}/{len(cases)} node tests ({time.time() - started:.0f} s)", flush=True)
+    with open(args.out_json, "w") as f:
+        json.dump(records, f, indent=1)
+    claimed = [r for r in records if r["claimed"] != "none" and r["result"] != "skipped"]
+    passed = sorted(r["test"] for r in claimed if r["result"] == "pass")
+    failed = [r for r in claimed if r["result"] != "pass"]
+    both_fail = [r for r in failed if r.get("cpu") != "pass"]
+    skipped = sum(1 for r in records if r["result"] == "skipped")
+    if args.report:
+        with open(args.report, "w") as f:
+            f.write(report(records))
+    if args.passing:
+        with open(args.passing, "w") as f:
+            f.write("".join(t + "\n" for t in passed))
+    status = 0
+    if args.check_passing:
+        with open(args.check_passing) as f:
+            expected = {l.strip() for l in f if l.strip() and not l.startswith("#")}
+        regressed = sorted(expected - set(passed))
+        for t in regressed:
+            r = next((r for r in records if r["test"] == t), {})
+            print(f"REGRESSION {t}: claimed={r.get('claimed')} result={r.get('result')} {r.get('reason', '')}")
+        status = 1 if regressed else 0
+    print(
+        f"node tests: {len(records)} run, {skipped} skipped (ORT cannot load them), {len(claimed)} claimed by the MLX EP, "
+        f"{len(passed)} of those passed, {len(failed)} failed ({len(both_fail)} of them fail on ORT's CPU EP too) "
+        f"({time.time() - started:.0f} s)"
+    )
+    for r in failed:
+        print(f"  {r['result']}: {r['test']} ({r['claimed']}; CPU EP: {r.get('cpu')}) {r.get('reason', '')}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
