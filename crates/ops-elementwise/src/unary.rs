@@ -1,4 +1,7 @@
-//! Float activations and transcendental functions: Relu, Sigmoid, Tanh, Exp.
+//! Float unary math and activations: Relu, Sigmoid, Tanh, Exp, Log, Sqrt, Abs, Neg, Reciprocal,
+//! Floor, Ceil, Round, Sign, Erf, the trigonometric and hyperbolic functions and their inverses.
+//! Each is exactly MLX's elementwise function of the same meaning (Round: halves to even, as
+//! ONNX defines it); integer forms are left to the CPU EP for now.
 
 use ep_core::lowering::{FLOATS, require_inputs, require_types};
 use ep_core::mlx::{Array, Result as MlxResult, Stream, ops};
@@ -7,6 +10,8 @@ use std::ops::RangeInclusive;
 
 pub struct Unary {
     op: &'static str,
+    /// The first opset whose definition this lowering implements.
+    since: i32,
     f: fn(&Array, &Stream) -> MlxResult<Array>,
 }
 
@@ -16,7 +21,7 @@ impl Lowering for Unary {
     }
 
     fn opsets(&self) -> RangeInclusive<i32> {
-        6..=i32::MAX
+        self.since..=i32::MAX
     }
 
     fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -43,7 +48,28 @@ fn relu(x: &Array, s: &Stream) -> MlxResult<Array> {
     ops::maximum(x, &zero, s)
 }
 
-ep_core::register_lowering!(RELU = Unary { op: "Relu", f: relu });
-ep_core::register_lowering!(SIGMOID = Unary { op: "Sigmoid", f: ops::sigmoid });
-ep_core::register_lowering!(TANH = Unary { op: "Tanh", f: ops::tanh });
-ep_core::register_lowering!(EXP = Unary { op: "Exp", f: ops::exp });
+ep_core::register_lowering!(RELU = Unary { op: "Relu", since: 6, f: relu });
+ep_core::register_lowering!(SIGMOID = Unary { op: "Sigmoid", since: 6, f: ops::sigmoid });
+ep_core::register_lowering!(TANH = Unary { op: "Tanh", since: 6, f: ops::tanh });
+ep_core::register_lowering!(EXP = Unary { op: "Exp", since: 6, f: ops::exp });
+ep_core::register_lowering!(LOG = Unary { op: "Log", since: 6, f: ops::log });
+ep_core::register_lowering!(SQRT = Unary { op: "Sqrt", since: 6, f: ops::sqrt });
+ep_core::register_lowering!(ABS = Unary { op: "Abs", since: 6, f: ops::abs });
+ep_core::register_lowering!(NEG = Unary { op: "Neg", since: 6, f: ops::negative });
+ep_core::register_lowering!(RECIPROCAL = Unary { op: "Reciprocal", since: 6, f: ops::reciprocal });
+ep_core::register_lowering!(FLOOR = Unary { op: "Floor", since: 6, f: ops::floor });
+ep_core::register_lowering!(CEIL = Unary { op: "Ceil", since: 6, f: ops::ceil });
+ep_core::register_lowering!(ROUND = Unary { op: "Round", since: 11, f: ops::round });
+ep_core::register_lowering!(SIGN = Unary { op: "Sign", since: 9, f: ops::sign });
+ep_core::register_lowering!(ERF = Unary { op: "Erf", since: 9, f: ops::erf });
+ep_core::register_lowering!(SIN = Unary { op: "Sin", since: 7, f: ops::sin });
+ep_core::register_lowering!(COS = Unary { op: "Cos", since: 7, f: ops::cos });
+ep_core::register_lowering!(TAN = Unary { op: "Tan", since: 7, f: ops::tan });
+ep_core::register_lowering!(ASIN = Unary { op: "Asin", since: 7, f: ops::arcsin });
+ep_core::register_lowering!(ACOS = Unary { op: "Acos", since: 7, f: ops::arccos });
+ep_core::register_lowering!(ATAN = Unary { op: "Atan", since: 7, f: ops::arctan });
+ep_core::register_lowering!(SINH = Unary { op: "Sinh", since: 9, f: ops::sinh });
+ep_core::register_lowering!(COSH = Unary { op: "Cosh", since: 9, f: ops::cosh });
+ep_core::register_lowering!(ASINH = Unary { op: "Asinh", since: 9, f: ops::arcsinh });
+ep_core::register_lowering!(ACOSH = Unary { op: "Acosh", since: 9, f: ops::arccosh });
+ep_core::register_lowering!(ATANH = Unary { op: "Atanh", since: 9, f: ops::arctanh });

@@ -36,6 +36,22 @@ unary! {
     abs => mlx_abs;
     sqrt => mlx_sqrt;
     log => mlx_log;
+    sin => mlx_sin;
+    cos => mlx_cos;
+    tan => mlx_tan;
+    arcsin => mlx_arcsin;
+    arccos => mlx_arccos;
+    arctan => mlx_arctan;
+    sinh => mlx_sinh;
+    cosh => mlx_cosh;
+    arcsinh => mlx_arcsinh;
+    arccosh => mlx_arccosh;
+    arctanh => mlx_arctanh;
+    erf => mlx_erf;
+    floor => mlx_floor;
+    ceil => mlx_ceil;
+    reciprocal => mlx_reciprocal;
+    sign => mlx_sign;
     /// Reverses all axes.
     transpose => mlx_transpose;
 }
@@ -50,6 +66,14 @@ binary! {
     minimum => mlx_minimum;
     /// Batched matrix product with NumPy semantics.
     matmul => mlx_matmul;
+}
+
+/// Rounds to the nearest integer, halves to even.
+pub fn round(a: &Array, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_round(&mut out.0, a.0, 0, s.0) })?;
+    Ok(out)
 }
 
 /// `alpha * (a @ b) + beta * c`. Not safe in a shapeless-compiled graph (MLX 0.32.2 keeps the
