@@ -145,7 +145,7 @@ mod tests {
         assert_eq!(r.find(&node("Add", 14)).unwrap().name(), "second Add");
         let decline = r.find(&node("Add", 6)).err().unwrap();
         assert!(decline.0.contains("opset 6"), "{decline}");
-        assert!(r.find(&node("Cos", 7)).err().unwrap().0.contains("no lowering"));
+        assert!(r.find(&node("Shrink", 9)).err().unwrap().0.contains("no lowering"));
     }
 
     #[test]

@@ -43,7 +43,7 @@ fn assert_on(assign: &[mlx_ep_host::Assignment], node: &str, ep: &str) {
 
 #[test]
 fn claimed_nodes_run_on_mlx_and_the_rest_on_cpu() -> Result<()> {
-    // MatMul -> Relu -> Cos (no MLX lowering) -> Softmax -> Tanh
+    // MatMul -> Relu -> Shrink (no MLX lowering) -> Softmax -> Tanh
     let build = || {
         let x: Io = ("x", Float32, &[3, 8]);
         let y: Io = ("y", Float32, &[3, 5]);
@@ -55,7 +55,7 @@ fn claimed_nodes_run_on_mlx_and_the_rest_on_cpu() -> Result<()> {
             vec![
                 node("MatMul", "mm", &["x", "W"], &["h"], vec![])?,
                 node("Relu", "relu", &["h"], &["r"], vec![])?,
-                node("Cos", "cos", &["r"], &["c"], vec![])?,
+                node("Shrink", "shrink", &["r"], &["c"], vec![])?,
                 node("Softmax", "softmax", &["c"], &["s"], vec![])?,
                 node("Tanh", "tanh", &["s"], &["y"], vec![])?,
             ],
@@ -65,7 +65,7 @@ fn claimed_nodes_run_on_mlx_and_the_rest_on_cpu() -> Result<()> {
     for n in ["mm", "relu", "softmax", "tanh"] {
         assert_on(&assign, n, MLX_EP);
     }
-    assert_on(&assign, "cos", CPU_EP);
+    assert_on(&assign, "shrink", CPU_EP);
     let mlx_partitions = assign.iter().filter(|a| a.ep == MLX_EP).count();
     assert_eq!(mlx_partitions, 2, "one partition on each side of the CPU node: {assign:?}");
     assert_close(&got, &expected, 1e-5, 1e-4);
