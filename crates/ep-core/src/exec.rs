@@ -498,10 +498,15 @@ mod tests {
     use crate::graph::ValueInfo;
     use crate::lowering::Decline;
 
-    struct TestBinary(&'static str, fn(&Array, &Array, &Stream) -> mlx::Result<Array>, CompileSafety);
-    impl Lowering for TestBinary {
+    /// A test lowering: an op name, a compile safety and a lowering function; claims everything.
+    struct TestLowering {
+        op: &'static str,
+        safety: CompileSafety,
+        lower: fn(&mut LowerCtx<'_>, &NodeInfo) -> Result<Vec<Array>>,
+    }
+    impl Lowering for TestLowering {
         fn op_type(&self) -> &'static str {
-            self.0
+            self.op
         }
         fn opsets(&self) -> std::ops::RangeInclusive<i32> {
             1..=i32::MAX
@@ -509,53 +514,43 @@ mod tests {
         fn claim(&self, _: &NodeInfo) -> std::result::Result<(), Decline> {
             Ok(())
         }
-        fn lower(&self, ctx: &mut LowerCtx<'_>, _: &NodeInfo) -> Result<Vec<Array>> {
-            Ok(vec![(self.1)(ctx.input(0)?, ctx.input(1)?, ctx.stream())?])
+        fn lower(&self, ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+            (self.lower)(ctx, node)
         }
         fn compile_safety(&self) -> CompileSafety {
-            self.2
+            self.safety
         }
     }
-    static ADD: TestBinary = TestBinary("Add", mlx::ops::add, CompileSafety::Shapeless);
-    static MUL: TestBinary = TestBinary("Mul", mlx::ops::multiply, CompileSafety::Shapeless);
-    static SUB_KEYED: TestBinary = TestBinary("Sub", mlx::ops::subtract, CompileSafety::ShapeKeyed);
-    static DIV_NEVER: TestBinary = TestBinary("Div", mlx::ops::divide, CompileSafety::Never);
+
+    macro_rules! binary {
+        ($name:ident, $op:literal, $f:path, $safety:ident) => {
+            static $name: TestLowering = TestLowering {
+                op: $op,
+                safety: CompileSafety::$safety,
+                lower: |ctx, _| Ok(vec![$f(ctx.input(0)?, ctx.input(1)?, ctx.stream())?]),
+            };
+        };
+    }
+    binary!(ADD, "Add", mlx::ops::add, Shapeless);
+    binary!(MUL, "Mul", mlx::ops::multiply, Shapeless);
+    binary!(SUB_KEYED, "Sub", mlx::ops::subtract, ShapeKeyed);
+    binary!(DIV_NEVER, "Div", mlx::ops::divide, Never);
 
     /// `a @ transpose(b)`, transposing through the derived-constant cache.
-    struct MatMulTransB;
-    impl Lowering for MatMulTransB {
-        fn op_type(&self) -> &'static str {
-            "MatMulTransB"
-        }
-        fn opsets(&self) -> std::ops::RangeInclusive<i32> {
-            1..=i32::MAX
-        }
-        fn claim(&self, _: &NodeInfo) -> std::result::Result<(), Decline> {
-            Ok(())
-        }
-        fn lower(&self, ctx: &mut LowerCtx<'_>, _: &NodeInfo) -> Result<Vec<Array>> {
+    static MATMUL_TRANS_B: TestLowering = TestLowering {
+        op: "MatMulTransB",
+        safety: CompileSafety::Shapeless,
+        lower: |ctx, _| {
             let bt = ctx.derived(1, "transpose", |b, s| Ok(mlx::ops::transpose(b, s)?))?;
             Ok(vec![mlx::ops::matmul(ctx.input(0)?, &bt, ctx.stream())?])
-        }
-        fn compile_safety(&self) -> CompileSafety {
-            CompileSafety::Shapeless
-        }
-    }
-    static MATMUL_TRANS_B: MatMulTransB = MatMulTransB;
+        },
+    };
 
-    /// KV-cache style: `cache[b, pos[b]] = row[b]`, written back in place.
-    struct SetRow;
-    impl Lowering for SetRow {
-        fn op_type(&self) -> &'static str {
-            "SetRow"
-        }
-        fn opsets(&self) -> std::ops::RangeInclusive<i32> {
-            1..=i32::MAX
-        }
-        fn claim(&self, _: &NodeInfo) -> std::result::Result<(), Decline> {
-            Ok(())
-        }
-        fn lower(&self, ctx: &mut LowerCtx<'_>, _: &NodeInfo) -> Result<Vec<Array>> {
+    /// KV-cache style: `cache[b, pos[b]] = row[b]`, declared an in-place update of the cache.
+    static SET_ROW: TestLowering = TestLowering {
+        op: "SetRow",
+        safety: CompileSafety::Shapeless,
+        lower: |ctx, _| {
             let s = ctx.stream();
             let (cache, row) = (ctx.input(0)?.clone(), ctx.input(1)?.clone());
             let positions = ctx.host_i64(2)?;
@@ -570,51 +565,29 @@ mod tests {
             }
             ctx.write_back_rows(0, &updated, 1, patches, 0)?;
             Ok(vec![updated])
-        }
-        fn compile_safety(&self) -> CompileSafety {
-            CompileSafety::Shapeless
-        }
-    }
-    static SET_ROW: SetRow = SetRow;
+        },
+    };
 
     /// `a + (b or 1)`: input 1 is optional.
-    struct AddOptional;
-    impl Lowering for AddOptional {
-        fn op_type(&self) -> &'static str {
-            "AddOptional"
-        }
-        fn opsets(&self) -> std::ops::RangeInclusive<i32> {
-            1..=i32::MAX
-        }
-        fn claim(&self, _: &NodeInfo) -> std::result::Result<(), Decline> {
-            Ok(())
-        }
-        fn lower(&self, ctx: &mut LowerCtx<'_>, _: &NodeInfo) -> Result<Vec<Array>> {
+    static ADD_OPTIONAL: TestLowering = TestLowering {
+        op: "AddOptional",
+        safety: CompileSafety::ShapeKeyed,
+        lower: |ctx, _| {
             let one = Array::scalar_f32(1.0);
             let b = ctx.optional_input(1).unwrap_or(&one);
             Ok(vec![mlx::ops::add(ctx.input(0)?, b, ctx.stream())?])
-        }
-    }
-    static ADD_OPTIONAL: AddOptional = AddOptional;
+        },
+    };
 
     /// Runs its `body` subgraph attribute and returns the subgraph's outputs.
-    struct RunBody;
-    impl Lowering for RunBody {
-        fn op_type(&self) -> &'static str {
-            "RunBody"
-        }
-        fn opsets(&self) -> std::ops::RangeInclusive<i32> {
-            1..=i32::MAX
-        }
-        fn claim(&self, _: &NodeInfo) -> std::result::Result<(), Decline> {
-            Ok(())
-        }
-        fn lower(&self, ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    static RUN_BODY: TestLowering = TestLowering {
+        op: "RunBody",
+        safety: CompileSafety::ShapeKeyed,
+        lower: |ctx, node| {
             let body = node.attr_graph("body").map_err(Error::new)?.expect("test node has a body");
             ctx.run_subgraph(body, vec![])
-        }
-    }
-    static RUN_BODY: RunBody = RunBody;
+        },
+    };
 
     fn value(name: &str) -> Option<ValueInfo> {
         Some(ValueInfo { name: name.into(), elem_type: Some(ElemType::F32), shape: None, is_constant: false })
@@ -625,14 +598,13 @@ mod tests {
         let registry = Registry::build(&[&ADD, &MUL, &SUB_KEYED, &DIV_NEVER]).unwrap();
         let stats = Arc::new(SessionStats::default());
         let w = Array::from_slice(&[0.5f32], &[1]).unwrap();
-        let plan = Plan::new(
-            "p",
-            vec![node(op1, ["x", "w"], "t"), node(op2, ["t", "x"], "y")],
-            vec!["x".into()],
-            vec![("y".into(), ElemType::F32)],
-            HashMap::from([("w".to_owned(), Arc::new(w))]),
+        let plan = make_plan(
             &registry,
-            Arc::clone(&stats),
+            vec![node(op1, ["x", "w"], "t"), node(op2, ["t", "x"], "y")],
+            &["x"],
+            &["y"],
+            vec![("w", w)],
+            &stats,
             compile,
         )
         .unwrap();
@@ -647,6 +619,28 @@ mod tests {
 
     fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
         SessionStats::count(c)
+    }
+
+    /// A plan over `nodes` whose outputs are float32, built against `registry`.
+    fn make_plan(
+        registry: &Registry,
+        nodes: Vec<NodeInfo>,
+        inputs: &[&str],
+        outputs: &[&str],
+        constants: Vec<(&str, Array)>,
+        stats: &Arc<SessionStats>,
+        compile: bool,
+    ) -> Result<Plan> {
+        Plan::new(
+            "p",
+            nodes,
+            inputs.iter().map(|n| n.to_string()).collect(),
+            outputs.iter().map(|n| (n.to_string(), ElemType::F32)).collect(),
+            constants.into_iter().map(|(n, a)| (n.to_owned(), Arc::new(a))).collect(),
+            registry,
+            Arc::clone(stats),
+            compile,
+        )
     }
 
     fn node(op: &str, inputs: [&str; 2], output: &str) -> NodeInfo {
@@ -667,14 +661,13 @@ mod tests {
         let registry = Registry::build(&[&ADD, &MUL]).unwrap();
         let _g = mlx::lock();
         let w = Array::from_slice(&[10.0f32, 20.0], &[2]).unwrap();
-        let plan = Plan::new(
-            "p",
-            vec![node("Add", ["x", "w"], "t"), node("Mul", ["t", "x"], "y")],
-            vec!["x".into()],
-            vec![("y".into(), ElemType::F32), ("t".into(), ElemType::F32)],
-            HashMap::from([("w".to_owned(), Arc::new(w))]),
+        let plan = make_plan(
             &registry,
-            Arc::new(SessionStats::default()),
+            vec![node("Add", ["x", "w"], "t"), node("Mul", ["t", "x"], "y")],
+            &["x"],
+            &["y", "t"],
+            vec![("w", w)],
+            &Arc::new(SessionStats::default()),
             false,
         )
         .unwrap();
@@ -688,14 +681,13 @@ mod tests {
     #[test]
     fn a_value_without_source_is_rejected_naming_the_node() {
         let registry = Registry::build(&[&ADD]).unwrap();
-        let err = Plan::new(
-            "p",
-            vec![node("Add", ["x", "missing"], "y")],
-            vec!["x".into()],
-            vec![("y".into(), ElemType::F32)],
-            HashMap::new(),
+        let err = make_plan(
             &registry,
-            Arc::new(SessionStats::default()),
+            vec![node("Add", ["x", "missing"], "y")],
+            &["x"],
+            &["y"],
+            vec![],
+            &Arc::new(SessionStats::default()),
             false,
         )
         .err()
@@ -706,14 +698,13 @@ mod tests {
     #[test]
     fn an_op_without_lowering_is_rejected() {
         let registry = Registry::build(&[&ADD]).unwrap();
-        let err = Plan::new(
-            "p",
-            vec![node("Mul", ["x", "x"], "y")],
-            vec!["x".into()],
-            vec![("y".into(), ElemType::F32)],
-            HashMap::new(),
+        let err = make_plan(
             &registry,
-            Arc::new(SessionStats::default()),
+            vec![node("Mul", ["x", "x"], "y")],
+            &["x"],
+            &["y"],
+            vec![],
+            &Arc::new(SessionStats::default()),
             false,
         )
         .err()
@@ -725,14 +716,13 @@ mod tests {
     fn mlx_failures_during_a_run_name_the_node() {
         let registry = Registry::build(&[&ADD]).unwrap();
         let _g = mlx::lock();
-        let plan = Plan::new(
-            "p",
-            vec![node("Add", ["x", "z"], "y")],
-            vec!["x".into(), "z".into()],
-            vec![("y".into(), ElemType::F32)],
-            HashMap::new(),
+        let plan = make_plan(
             &registry,
-            Arc::new(SessionStats::default()),
+            vec![node("Add", ["x", "z"], "y")],
+            &["x", "z"],
+            &["y"],
+            vec![],
+            &Arc::new(SessionStats::default()),
             false,
         )
         .unwrap();
@@ -824,17 +814,8 @@ mod tests {
         let _g = mlx::lock();
         let registry = Registry::build(&[&ADD]).unwrap();
         let stats = Arc::new(SessionStats::default());
-        let plan = Plan::new(
-            "p",
-            vec![node("Add", ["a", "b"], "y")],
-            vec!["a".into(), "b".into()],
-            vec![("y".into(), ElemType::F32)],
-            HashMap::new(),
-            &registry,
-            Arc::clone(&stats),
-            true,
-        )
-        .unwrap();
+        let plan = make_plan(&registry, vec![node("Add", ["a", "b"], "y")], &["a", "b"], &["y"], vec![], &stats, true)
+            .unwrap();
         let s = Stream::cpu().unwrap();
         for n in 2..=4i64 {
             let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
@@ -853,24 +834,11 @@ mod tests {
         let registry = Registry::build(&[&MATMUL_TRANS_B]).unwrap();
         let stats = Arc::new(SessionStats::default());
         let w = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
-        let (inputs, constants) = if weight_is_constant {
-            (vec!["x".into()], HashMap::from([("w".to_owned(), Arc::new(w))]))
-        } else {
-            (vec!["x".into(), "w".into()], HashMap::new())
-        };
+        let (inputs, constants): (&[&str], _) =
+            if weight_is_constant { (&["x"], vec![("w", w)]) } else { (&["x", "w"], vec![]) };
         let mut n = node("MatMulTransB", ["x", "w"], "y");
         n.name = "mm".into();
-        let plan = Plan::new(
-            "p",
-            vec![n],
-            inputs,
-            vec![("y".into(), ElemType::F32)],
-            constants,
-            &registry,
-            Arc::clone(&stats),
-            compile,
-        )
-        .unwrap();
+        let plan = make_plan(&registry, vec![n], inputs, &["y"], constants, &stats, compile).unwrap();
         (plan, stats)
     }
 
@@ -911,14 +879,13 @@ mod tests {
         let registry = Registry::build(&[&ADD, &MUL]).unwrap();
         let stats = Arc::new(SessionStats::with_tracer(Some(crate::trace::Tracer::new(path.clone()))));
         let w = Array::from_slice(&[0.5f32], &[1]).unwrap();
-        let plan = Plan::new(
-            "traced",
-            vec![node("Add", ["x", "w"], "t"), node("Mul", ["t", "x"], "y")],
-            vec!["x".into()],
-            vec![("y".into(), ElemType::F32)],
-            HashMap::from([("w".to_owned(), Arc::new(w))]),
+        let plan = make_plan(
             &registry,
-            Arc::clone(&stats),
+            vec![node("Add", ["x", "w"], "t"), node("Mul", ["t", "x"], "y")],
+            &["x"],
+            &["y"],
+            vec![("w", w)],
+            &stats,
             true,
         )
         .unwrap();
@@ -957,17 +924,8 @@ mod tests {
         let stats = Arc::new(SessionStats::default());
         let mut n = node("SetRow", ["cache", "row"], "present");
         n.inputs.push(value("pos"));
-        let plan = Plan::new(
-            "kv",
-            vec![n],
-            vec!["cache".into(), "row".into(), "pos".into()],
-            vec![("present".into(), ElemType::F32)],
-            HashMap::new(),
-            &registry,
-            Arc::clone(&stats),
-            compile,
-        )
-        .unwrap();
+        let plan =
+            make_plan(&registry, vec![n], &["cache", "row", "pos"], &["present"], vec![], &stats, compile).unwrap();
         (plan, stats)
     }
 
@@ -1000,14 +958,13 @@ mod tests {
         let mut n = node("SetRow", ["cache", "row"], "present");
         n.inputs.push(value("pos"));
         let cache = Array::from_slice(&[0.0f32; 6], &[1, 2, 3]).unwrap();
-        let plan = Plan::new(
-            "kv",
-            vec![n],
-            vec!["row".into(), "pos".into()],
-            vec![("present".into(), ElemType::F32)],
-            HashMap::from([("cache".to_owned(), Arc::new(cache))]),
+        let plan = make_plan(
             &registry,
-            Arc::new(SessionStats::default()),
+            vec![n],
+            &["row", "pos"],
+            &["present"],
+            vec![("cache", cache)],
+            &Arc::new(SessionStats::default()),
             false,
         )
         .unwrap();
@@ -1025,17 +982,8 @@ mod tests {
         let registry = Registry::build(&[&ADD_OPTIONAL]).unwrap();
         let mut n = node("AddOptional", ["x", "unused"], "y");
         n.inputs[1] = None;
-        let plan = Plan::new(
-            "p",
-            vec![n],
-            vec!["x".into()],
-            vec![("y".into(), ElemType::F32)],
-            HashMap::new(),
-            &registry,
-            Arc::new(SessionStats::default()),
-            false,
-        )
-        .unwrap();
+        let plan =
+            make_plan(&registry, vec![n], &["x"], &["y"], vec![], &Arc::new(SessionStats::default()), false).unwrap();
         assert_eq!(plan.translation.nodes[0].inputs, vec![Source::Input(0), Source::Absent]);
         let y = plan.run(vec![Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap()]).unwrap().outputs;
         assert_eq!(y[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap(), vec![2.0, 3.0]);
@@ -1056,17 +1004,8 @@ mod tests {
         let mut n = node("RunBody", ["x", "x"], "y");
         n.inputs.clear();
         n.attributes.insert("body".into(), AttrValue::Graph(Box::new(body)));
-        let plan = Plan::new(
-            "p",
-            vec![n],
-            vec![],
-            vec![("y".into(), ElemType::F32)],
-            HashMap::new(),
-            &registry,
-            Arc::new(SessionStats::default()),
-            false,
-        )
-        .unwrap();
+        let plan =
+            make_plan(&registry, vec![n], &[], &["y"], vec![], &Arc::new(SessionStats::default()), false).unwrap();
         let cached = || {
             plan.translation
                 .caches

@@ -104,10 +104,10 @@ pub fn astype(a: &Array, dtype: Dtype, s: &Stream) -> Result<Array> {
 }
 
 pub fn reshape(a: &Array, shape: &[i64], s: &Stream) -> Result<Array> {
-    let dims: Vec<c_int> = shape.iter().map(|&d| d as c_int).collect();
+    let shape = dims(shape);
     let mut out = Array::empty();
-    // SAFETY: `dims` outlives the call.
-    check(unsafe { mlx_sys::mlx_reshape(&mut out.0, a.0, dims.as_ptr(), dims.len(), s.0) })?;
+    // SAFETY: `shape` outlives the call.
+    check(unsafe { mlx_sys::mlx_reshape(&mut out.0, a.0, shape.as_ptr(), shape.len(), s.0) })?;
     Ok(out)
 }
 
