@@ -8,6 +8,11 @@ MLX EP ran (`all`, `some`, `none`, from ORT's assignment info) and whether the M
 outputs match the expected ones (`pass`, `fail`, `error`). Tests ORT 1.31 itself cannot load
 are counted as skipped.
 
+The model suites the wheel still ships (`onnx/backend/test/data/{light,simple,pytorch-converted,
+pytorch-operator}`) run too, recorded as `<suite>/<test>`: `simple` and `pytorch-*` against their
+stored outputs, `light` (real networks with their weights, no data sets) against ORT's CPU EP
+on seeded random inputs.
+
 Usage: node_suite.py --out-json PATH [--report PATH] [--passing PATH] [--check-passing PATH]
   --report PATH         write the per-op Markdown report
   --passing PATH        write the sorted list of tests that are claimed (all/some) and pass
@@ -103,6 +108,94 @@ def run_case(case, out_dir, op_of):
     return record
 
 
+MODEL_SUITES = ("light", "simple", "pytorch-converted", "pytorch-operator")
+
+
+def random_feed(sess, seed):
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for i in sess.get_inputs():
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
+        if "float" in i.type:
+            dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}[i.type]
+            feed[i.name] = rng.standard_normal(shape).astype(dtype)
+        elif "int64" in i.type:
+            feed[i.name] = rng.integers(0, 4, shape).astype(np.int64)
+        else:
+            raise ValueError(f"input {i.name} of type {i.type} is not generated")
+    return feed
+
+
+def run_model_test(suite, name, model_path, data_sets):
+    """One model-suite test: `data_sets` are (inputs, outputs) lists, or None for random inputs
+    checked against ORT's CPU EP."""
+    from onnx import numpy_helper
+
+    record = {"test": f"{suite}/{name}", "op": f"({suite} models)", "domain": "", "suite": suite}
+    with open(model_path, "rb") as f:
+        model_bytes = f.read()
+    try:
+        cpu = session(model_bytes, mlx=False)
+    except Exception as e:
+        record.update(claimed="none", result="skipped", reason=str(e).splitlines()[0][:200])
+        return record
+    try:
+        s = session(model_bytes, mlx=True)
+        eps = [sg.ep_name for sg in s.get_provider_graph_assignment_info() for _ in sg.get_nodes()]
+        on_mlx = sum(1 for e in eps if e == EP)
+        record["claimed"] = "none" if on_mlx == 0 else ("all" if on_mlx == len(eps) else "some")
+        if data_sets is None:
+            feed = random_feed(cpu, 0)
+            want = cpu.run(None, feed)
+            record["cpu"] = "pass"
+            ok = outputs_match(s.run(None, feed), want, 1e-3, 1e-4)
+        else:
+            ok, cpu_ok = True, True
+            names = [i.name for i in s.get_inputs()]
+            for inputs, outputs in data_sets:
+                feed = {n: numpy_helper.to_array(t) for n, t in zip(names, inputs)}
+                want = [numpy_helper.to_array(t) for t in outputs]
+                ok &= outputs_match(s.run(None, feed), want, 1e-3, 1e-7)
+                cpu_ok &= outputs_match(cpu.run(None, feed), want, 1e-3, 1e-7)
+            record["cpu"] = "pass" if cpu_ok else "fail"
+        record["result"] = "pass" if ok else "fail"
+    except Exception as e:
+        record.setdefault("claimed", "none")
+        record.update(result="error", reason=str(e).splitlines()[0][:300])
+    return record
+
+
+def read_pb(path):
+    t = onnx.TensorProto()
+    with open(path, "rb") as f:
+        t.ParseFromString(f.read())
+    return t
+
+
+def model_suite_records():
+    root = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
+    records = []
+    for suite in MODEL_SUITES:
+        folder = os.path.join(root, suite)
+        if not os.path.isdir(folder):
+            continue
+        for entry in sorted(os.listdir(folder)):
+            path = os.path.join(folder, entry)
+            if suite == "light":
+                if entry.endswith(".onnx"):
+                    records.append(run_model_test(suite, entry[: -len(".onnx")], path, None))
+                continue
+            data_sets = []
+            for ds in sorted(d for d in os.listdir(path) if d.startswith("test_data_set")):
+                ds_path = os.path.join(path, ds)
+                files = sorted(os.listdir(ds_path))
+                ins = [read_pb(os.path.join(ds_path, f)) for f in files if f.startswith("input_")]
+                outs = [read_pb(os.path.join(ds_path, f)) for f in files if f.startswith("output_")]
+                data_sets.append((ins, outs))
+            records.append(run_model_test(suite, entry, os.path.join(path, "model.onnx"), data_sets))
+    return records
+
+
 def report(records):
     per_op = collections.OrderedDict()
     for r in sorted(records, key=lambda r: (r["domain"], r["op"])):
@@ -182,6 +275,9 @@ def main():
         records.append(run_case(case, args.data_dir, op_of))
         if (i + 1) % 200 == 0:
             print(f"  {i + 1}/{len(cases)} node tests ({time.time() - started:.0f} s)", flush=True)
+    model_started = time.time()
+    records += model_suite_records()
+    print(f"  model suites: {time.time() - model_started:.0f} s", flush=True)
     with open(args.out_json, "w") as f:
         json.dump(records, f, indent=1)
     claimed = [r for r in records if r["claimed"] != "none" and r["result"] != "skipped"]

@@ -21,9 +21,12 @@ commands:
   demo                  build the plugin (release) and run an MLP on the CPU EP and the MLX EP
   run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]...
                         the same report for any model
-  conformance [--node-tests] [--update-passing]
-                        the differential suite; with --node-tests also the ONNX backend node
-                        tests, regenerating docs/CONFORMANCE.md
+  conformance [--cases N] [--op NAME] [--seed S] [--json PATH] [--node-tests] [--update-passing]
+                        the property suite (every lowering's spec, N generated cases each, against
+                        ORT's CPU EP); with --node-tests also the ONNX backend node tests and model
+                        suites, regenerating docs/CONFORMANCE.md; --json writes both as one object
+  conformance --replay DIR
+                        re-runs a saved failing case (target/conformance/failures/...)
   test                  everything CI runs: setup, build, cargo test, the Python check, and the
                         node tests held to crates/conformance/node-tests-passing.txt
 ";

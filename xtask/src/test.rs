@@ -1,5 +1,6 @@
 //! `cargo xtask test`: everything CI runs, in order: setup, a trimmed plugin build, the
-//! workspace build, `cargo test --workspace`, the ONNX node tests (no test on the committed
+//! workspace build, `cargo test --workspace`, the property suite at a bounded case count, the
+//! ONNX node tests and model suites (no test on the committed
 //! passing list may fail), then the Python check against the wheel's ORT.
 
 use crate::setup;
@@ -28,6 +29,7 @@ pub fn run(args: &[String]) -> Result {
     util::run(util::cargo().args(["build", "--workspace"]))?;
     step("cargo test --workspace");
     util::run(util::cargo().args(["test", "--workspace"]).env("ORT_MLX_EP_LIB", util::plugin_path("debug")))?;
+    crate::conformance::property_suite(&["--cases".to_string(), crate::conformance::CI_CASES.to_string()])?;
     crate::conformance::node_suite(&[
         "--check-passing".to_string(),
         util::root().join(crate::conformance::PASSING_LIST).display().to_string(),

@@ -1,95 +1,125 @@
 //! Differential testing of the MLX EP against ONNX Runtime's CPU EP.
 //!
-//! A [`Case`] is a one-node model; [`check`] runs it on both EPs with the same inputs, asserts
-//! through ORT's assignment info that the MLX EP ran the node (a declined node is a failure,
-//! never a pass), and compares outputs with a per-dtype tolerance.
+//! Every op crate registers a [`conformance_spec::OpSpec`] per lowering (behind its
+//! `conformance` feature). [`suite::run`] draws cases from each spec's `proptest` strategy,
+//! builds each as a model ([`model`]), runs it on the CPU EP and on the MLX EP, asserts through
+//! ORT's assignment info that the MLX EP ran every node (a declined case is reported as
+//! *declined*, never as passed), and compares outputs within [`tolerance`]. A failing case is
+//! shrunk and saved under `target/conformance/failures/` with a command that replays it.
 
-use mlx_ep_host::models::{Io, graph_model, node};
-use mlx_ep_host::ort::operator::Attribute;
-use mlx_ep_host::ort::value::TensorElementType;
+pub mod chains;
+pub mod model;
+pub mod suite;
+
+pub use conformance_spec::{Case, DType};
+
 use mlx_ep_host::values::{self, HostTensor};
-use mlx_ep_host::{Ep, MLX_EP, Result, assignment, ep_of, session_builder};
+use mlx_ep_host::{Ep, MLX_EP, assignment, ep_of, session_builder};
 
-/// One single-node case: `op` at `opset`, with graph inputs and outputs of the given types and
-/// shapes, and attributes made by `attributes` (ORT attributes are single-use).
-pub struct Case {
-    pub op: &'static str,
-    pub opset: u32,
-    pub inputs: Vec<(&'static str, TensorElementType, Vec<i64>)>,
-    pub outputs: Vec<(&'static str, TensorElementType, Vec<i64>)>,
-    pub attributes: fn() -> Result<Vec<Attribute>>,
-}
-
-pub fn no_attributes() -> Result<Vec<Attribute>> {
-    Ok(Vec::new())
-}
-
-impl Case {
-    pub fn label(&self) -> String {
-        let ins: Vec<String> = self.inputs.iter().map(|(_, t, s)| format!("{t:?}{s:?}")).collect();
-        format!("{} (opset {}) on {}", self.op, self.opset, ins.join(", "))
-    }
-
-    fn model(&self) -> Result<mlx_ep_host::ort::editor::Model> {
-        let ins: Vec<Io> = self.inputs.iter().map(|(n, t, s)| (*n, *t, s.as_slice())).collect();
-        let outs: Vec<Io> = self.outputs.iter().map(|(n, t, s)| (*n, *t, s.as_slice())).collect();
-        let in_names: Vec<&str> = self.inputs.iter().map(|i| i.0).collect();
-        let out_names: Vec<&str> = self.outputs.iter().map(|o| o.0).collect();
-        graph_model(
-            self.opset,
-            &ins,
-            &outs,
-            &[],
-            vec![node(self.op, "under_test", &in_names, &out_names, (self.attributes)()?)?],
-        )
-    }
-}
-
-/// Tolerance `(atol, rtol)` per element type: |mlx - cpu| <= atol + rtol * |cpu|.
-pub fn tolerance(t: TensorElementType) -> (f64, f64) {
+/// Tolerance `(atol, rtol)` per element type: a value passes when
+/// `|mlx - cpu| <= atol + rtol * |cpu|` (NaN matches NaN, infinities match exactly).
+/// Integers and bools are exact; shapes and element types are always exact.
+pub fn tolerance(t: DType) -> (f64, f64) {
     match t {
-        TensorElementType::Float32 => (1e-5, 1e-4),
-        TensorElementType::Float16 | TensorElementType::Bfloat16 => (2e-3, 1e-2),
-        TensorElementType::Float64 => (1e-12, 1e-10),
+        DType::F32 => (1e-5, 1e-5),
+        DType::F16 => (1e-3, 2e-3),
+        DType::BF16 => (8e-3, 1.6e-2),
+        DType::F64 => (1e-12, 1e-12),
         _ => (0.0, 0.0),
     }
 }
 
-/// Runs the case on both EPs; `Err` describes the first difference.
-pub fn check(case: &Case, seed: u64) -> Result<()> {
-    let mut cpu = case.model()?.into_session(&session_builder(Ep::Cpu)?)?;
-    let mut mlx = case.model()?.into_session(&session_builder(Ep::Mlx)?)?;
-    let ran_on = ep_of(&assignment(&mlx)?, "under_test");
-    if ran_on.as_deref() != Some(MLX_EP) {
-        return Err(format!("{}: declined (ran on {ran_on:?}), not run by {MLX_EP}", case.label()).into());
-    }
-    let inputs = values::random_inputs(&cpu, &Default::default(), seed)?;
-    let expected = values::run(&mut cpu, &inputs)?;
-    let got = values::run(&mut mlx, &inputs)?;
-    compare(case, &got, &expected)
+/// What happened to one case.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// MLX ran every node and matched the CPU EP; the largest differences seen.
+    Passed { max_abs: f64, max_rel: f64 },
+    /// A node of the case ran on another EP.
+    Declined(String),
+    /// Outputs differ, or the MLX session failed where the CPU EP did not.
+    Failed(String),
+    /// The CPU EP itself rejects the case: a defect of the spec, not of the lowering.
+    Invalid(String),
 }
 
-fn compare(case: &Case, got: &[HostTensor], expected: &[HostTensor]) -> Result<()> {
-    for (g, e) in got.iter().zip(expected) {
-        if g.shape != e.shape || g.elem_type != e.elem_type {
-            return Err(format!(
-                "{}: output '{}' is {:?}{:?}, CPU gives {:?}{:?}",
-                case.label(),
-                g.name,
-                g.elem_type,
-                g.shape,
-                e.elem_type,
-                e.shape
-            )
-            .into());
-        }
-        let (atol, rtol) = tolerance(g.elem_type);
-        for (i, (&x, &y)) in g.values.iter().zip(&e.values).enumerate() {
-            let same_nan = x.is_nan() && y.is_nan();
-            if !same_nan && !approx::relative_eq!(x, y, epsilon = atol, max_relative = rtol) {
-                return Err(format!("{}: output '{}' element {i}: MLX {x} vs CPU {y}", case.label(), g.name).into());
-            }
+impl Outcome {
+    pub fn is_pass(&self) -> bool {
+        matches!(self, Outcome::Passed { .. })
+    }
+}
+
+/// Runs `case` on both EPs and compares.
+pub fn check(case: &Case) -> Outcome {
+    if std::env::var_os("MLX_EP_CONFORMANCE_TRACE").is_some() {
+        eprintln!("case: {}", serde_json::to_string(case).unwrap_or_default());
+    }
+    let inputs = match model::input_values(case) {
+        Ok(v) => v,
+        Err(e) => return Outcome::Invalid(format!("input values: {e}")),
+    };
+    let expected = match model::build(case)
+        .and_then(|m| Ok(m.into_session(&session_builder(Ep::Cpu)?)?))
+        .and_then(|mut s| values::run(&mut s, &inputs))
+    {
+        Ok(v) => v,
+        Err(e) => return Outcome::Invalid(format!("the CPU EP rejects the case: {e}")),
+    };
+    let mut mlx = match model::build(case).and_then(|m| Ok(m.into_session(&session_builder(Ep::Mlx)?)?)) {
+        Ok(s) => s,
+        Err(e) => return Outcome::Failed(format!("creating the MLX session: {e}")),
+    };
+    let placed = match assignment(&mlx) {
+        Ok(a) => a,
+        Err(e) => return Outcome::Failed(format!("reading ORT's assignment info: {e}")),
+    };
+    for node in &case.nodes {
+        let ep = ep_of(&placed, &node.name);
+        if ep.as_deref() != Some(MLX_EP) {
+            return Outcome::Declined(format!(
+                "node '{}' ({}) ran on {}",
+                node.name,
+                node.op,
+                ep.as_deref().unwrap_or("no EP")
+            ));
         }
     }
-    Ok(())
+    match values::run(&mut mlx, &inputs) {
+        Ok(got) => compare(case, &got, &expected),
+        Err(e) => Outcome::Failed(format!("the MLX session failed: {e}")),
+    }
+}
+
+/// Compares MLX's outputs with the CPU EP's, output by output.
+pub fn compare(case: &Case, got: &[HostTensor], expected: &[HostTensor]) -> Outcome {
+    let (mut max_abs, mut max_rel) = (0.0f64, 0.0f64);
+    if got.len() != expected.len() {
+        return Outcome::Failed(format!("MLX gave {} outputs, CPU {}", got.len(), expected.len()));
+    }
+    for (g, e) in got.iter().zip(expected) {
+        if g.shape != e.shape || g.elem_type != e.elem_type {
+            return Outcome::Failed(format!(
+                "output '{}' is {:?}{:?} on MLX, {:?}{:?} on CPU",
+                g.name, g.elem_type, g.shape, e.elem_type, e.shape
+            ));
+        }
+        let dtype = case.outputs.iter().find(|o| o.0 == g.name).map(|o| o.1).unwrap_or(DType::F32);
+        let (atol, rtol) = tolerance(dtype);
+        for (i, (&x, &y)) in g.values.iter().zip(&e.values).enumerate() {
+            if (x.is_nan() && y.is_nan()) || x == y {
+                continue;
+            }
+            let abs = (x - y).abs();
+            let rel = abs / y.abs().max(f64::MIN_POSITIVE);
+            let ok = abs.is_finite() && approx::relative_eq!(x, y, epsilon = atol, max_relative = rtol);
+            if !ok {
+                return Outcome::Failed(format!(
+                    "output '{}' element {i} (of shape {:?}): MLX {x} vs CPU {y} (tolerance atol {atol}, rtol {rtol})",
+                    g.name, g.shape
+                ));
+            }
+            max_abs = max_abs.max(abs);
+            max_rel = max_rel.max(rel);
+        }
+    }
+    Outcome::Passed { max_abs, max_rel }
 }

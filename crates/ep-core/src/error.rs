@@ -26,6 +26,18 @@ impl std::fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+impl From<&str> for Error {
+    fn from(e: &str) -> Error {
+        Error(e.to_owned())
+    }
+}
+
+impl From<String> for Error {
+    fn from(e: String) -> Error {
+        Error(e)
+    }
+}
+
 impl From<MlxError> for Error {
     fn from(e: MlxError) -> Error {
         Error(e.to_string())

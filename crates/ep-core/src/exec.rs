@@ -402,7 +402,10 @@ impl Plan {
             )));
         }
         let mode = self.mode();
-        if !matches!(mode, Mode::Eager(_)) {
+        // MLX's compiled broadcasting gets size-0 operands wrong (a [5, 0] * [5, 1] product came
+        // out [5, 1]): empty tensors, which cost nothing to run, run eagerly.
+        let empty = inputs.iter().any(|a| a.shape().contains(&0));
+        if !matches!(mode, Mode::Eager(_)) && !empty {
             match self.run_compiled(&inputs, &mode) {
                 Ok(outputs) => return Ok(RunOutputs { outputs, write_backs: Vec::new() }),
                 Err(e) => {
@@ -432,8 +435,19 @@ impl Plan {
 
     fn run_compiled(&self, inputs: &[Array], mode: &Mode) -> Result<Vec<Array>> {
         let shapeless = *mode == Mode::Shapeless;
-        let key: Vec<(Dtype, Vec<i64>)> =
-            inputs.iter().map(|a| (a.dtype(), if shapeless { vec![a.ndim() as i64] } else { a.shape() })).collect();
+        // A shapeless trace bakes in which dims broadcast (size 1): its key keeps, per dim,
+        // whether it is 1, so `[n, 1] * [1, m]` and `[n, m] * [n, m]` get their own traces while
+        // a growing sequence length (2, 3, 4, ...) replays one.
+        let key: Vec<(Dtype, Vec<i64>)> = inputs
+            .iter()
+            .map(|a| {
+                let shape = a.shape();
+                (
+                    a.dtype(),
+                    if shapeless { shape.iter().map(|&d| if d == 1 { 1 } else { -1 }).collect() } else { shape },
+                )
+            })
+            .collect();
         let closure = self.compiled_for(key, shapeless)?;
         let traces_before = self.stats.traces.load(Ordering::Relaxed);
         let started = Instant::now();
@@ -753,7 +767,7 @@ mod tests {
         let _g = mlx::lock();
         let (plan, stats) = two_node_plan("Add", "Mul", true);
         let s = Stream::cpu().unwrap();
-        for len in 1..=8 {
+        for len in 2..=9 {
             let (x, v) = ramp(&[1, len, 4]);
             let y = plan.run(vec![x]).unwrap().outputs;
             assert_eq!(y[0].shape(), vec![1, len, 4]);
@@ -762,6 +776,10 @@ mod tests {
         }
         assert_eq!(count(&stats.traces), 1, "shapeless partitions trace once");
         assert_eq!(count(&stats.replays), 7);
+        // A length of 1 is another broadcasting pattern (a size-1 dim), so it gets its own trace.
+        let (x, _) = ramp(&[1, 1, 4]);
+        assert_eq!(plan.run(vec![x]).unwrap().outputs[0].shape(), vec![1, 1, 4]);
+        assert_eq!(count(&stats.traces), 2);
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //! attributes) and says why it declines anything else; `lower` only builds MLX graph nodes
 //! (no evaluation, no IO) and returns one array per node output, in order.
 
+use crate::graph::ValueInfo;
 use crate::graph::{ElemType, NodeInfo};
 use crate::mlx::{Array, Stream};
 use crate::{Error, Result};
@@ -90,6 +91,53 @@ pub trait Lowering: Sync + 'static {
     /// A name for diagnostics (the implementing type by default).
     fn name(&self) -> &'static str {
         std::any::type_name::<Self>()
+    }
+}
+
+/// A lowering made of two functions, for ops that need no state of their own:
+///
+/// ```ignore
+/// ep_core::register_lowering!(RESHAPE = FnLowering {
+///     domain: "", op: "Reshape", opsets: 5..=i32::MAX,
+///     claim: claim_reshape, lower: lower_reshape, safety: CompileSafety::ShapeKeyed,
+/// });
+/// ```
+pub struct FnLowering {
+    pub domain: &'static str,
+    pub op: &'static str,
+    pub opsets: RangeInclusive<i32>,
+    pub claim: fn(&NodeInfo) -> std::result::Result<(), Decline>,
+    pub lower: fn(&mut LowerCtx<'_>, &NodeInfo) -> Result<Vec<Array>>,
+    pub safety: CompileSafety,
+}
+
+impl Lowering for FnLowering {
+    fn domain(&self) -> &'static str {
+        self.domain
+    }
+
+    fn op_type(&self) -> &'static str {
+        self.op
+    }
+
+    fn opsets(&self) -> RangeInclusive<i32> {
+        self.opsets.clone()
+    }
+
+    fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline> {
+        (self.claim)(node)
+    }
+
+    fn lower(&self, ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+        (self.lower)(ctx, node)
+    }
+
+    fn compile_safety(&self) -> CompileSafety {
+        self.safety
+    }
+
+    fn name(&self) -> &'static str {
+        self.op
     }
 }
 
@@ -262,15 +310,53 @@ impl<'a> LowerCtx<'a> {
         std::mem::take(&mut self.write_backs)
     }
 
-    /// The values of integer input `i` on the host (evaluating it). A host read makes the
-    /// graph data-dependent: inside a compiled trace it fails, which sends the partition to
-    /// the eager path; lowerings that read the host declare [`CompileSafety::Never`].
+    /// The values of integer input `i` on the host. A constant input is read from its host copy
+    /// (also inside a compiled trace: constants are fixed for the session). Any other input is
+    /// evaluated: values computed only from shapes and constants (a `Shape -> Gather -> Concat`
+    /// chain) evaluate inside a shape-keyed trace too, while values that depend on a runtime
+    /// input's data make the trace fail, which sends the partition to the eager path.
     pub fn host_i64(&self, i: usize) -> Result<Vec<i64>> {
-        if self.tracing {
-            return Err(Error::new(format!("input {i} is read on the host, which a compiled trace cannot do")));
+        if let Some(v) = self.constant_i64(i)? {
+            return Ok(v);
         }
         let a = crate::mlx::ops::astype(self.input(i)?, crate::mlx::Dtype::I64, self.cpu)?;
-        Ok(a.to_vec::<i64>(self.cpu)?)
+        a.to_vec::<i64>(self.cpu).map_err(|e| {
+            if self.tracing {
+                Error::new(format!("input {i} is data-dependent and is read on the host ({e})"))
+            } else {
+                Error::from(e)
+            }
+        })
+    }
+
+    /// The values of a constant integer input, `None` when input `i` is not a constant.
+    pub fn constant_i64(&self, i: usize) -> Result<Option<Vec<i64>>> {
+        if !self.is_constant(i) {
+            return Ok(None);
+        }
+        let a = self.input(i)?;
+        let Some(bytes) = a.host_bytes() else { return Ok(None) };
+        let v = match a.dtype() {
+            crate::mlx::Dtype::I64 => {
+                bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+            }
+            crate::mlx::Dtype::I32 => {
+                bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect()
+            }
+            other => return Err(Error::new(format!("input {i} is {other:?}, not an integer tensor"))),
+        };
+        Ok(Some(v))
+    }
+
+    /// The values of float input `i` on the host (as [`Self::host_i64`]).
+    pub fn host_f64(&self, i: usize) -> Result<Vec<f64>> {
+        let a = crate::mlx::ops::astype(self.input(i)?, crate::mlx::Dtype::F64, self.cpu)?;
+        a.to_vec::<f64>(self.cpu).map_err(|e| Error::new(format!("input {i} cannot be read on the host ({e})")))
+    }
+
+    /// Whether the lowering is running inside a compiled trace.
+    pub fn tracing(&self) -> bool {
+        self.tracing
     }
 
     /// Declares that node output `aliased_output` is input `input` with only some rows changed
@@ -385,6 +471,91 @@ impl DerivedConstants {
 
 /// The float types MLX computes natively on every backend.
 pub const FLOATS: &[ElemType] = &[ElemType::F32, ElemType::F16, ElemType::BF16];
+
+/// Signed and unsigned integer types.
+pub const INTS: &[ElemType] = &[
+    ElemType::I8,
+    ElemType::I16,
+    ElemType::I32,
+    ElemType::I64,
+    ElemType::U8,
+    ElemType::U16,
+    ElemType::U32,
+    ElemType::U64,
+];
+
+/// Floats (float64 included: it runs on the CPU stream) and integers.
+pub const NUMERIC: &[ElemType] = &[
+    ElemType::F32,
+    ElemType::F16,
+    ElemType::BF16,
+    ElemType::F64,
+    ElemType::I8,
+    ElemType::I16,
+    ElemType::I32,
+    ElemType::I64,
+    ElemType::U8,
+    ElemType::U16,
+    ElemType::U32,
+    ElemType::U64,
+];
+
+/// Every type an MLX array holds bit for bit: the data-movement ops take any of them.
+pub const ALL_TYPES: &[ElemType] = &[
+    ElemType::F32,
+    ElemType::F16,
+    ElemType::BF16,
+    ElemType::F64,
+    ElemType::I8,
+    ElemType::I16,
+    ElemType::I32,
+    ElemType::I64,
+    ElemType::U8,
+    ElemType::U16,
+    ElemType::U32,
+    ElemType::U64,
+    ElemType::Bool,
+];
+
+/// Declines unless input `i` (if present) has one of `allowed` element types.
+pub fn require_input_type(node: &NodeInfo, i: usize, allowed: &[ElemType]) -> std::result::Result<(), Decline> {
+    match node.input(i) {
+        None => Ok(()),
+        Some(v) => match v.elem_type {
+            Some(t) if allowed.contains(&t) => Ok(()),
+            t => Err(Decline(format!("input '{}' has element type {t:?}; supported: {allowed:?}", v.name))),
+        },
+    }
+}
+
+/// Declines unless input `i` is present and a constant initializer.
+pub fn require_constant(node: &NodeInfo, i: usize, what: &str) -> std::result::Result<(), Decline> {
+    match node.input(i) {
+        Some(v) if v.is_constant => Ok(()),
+        Some(v) => Err(Decline(format!("{what} ('{}') must be a constant initializer", v.name))),
+        None => Err(Decline(format!("{what} (input {i}) is missing"))),
+    }
+}
+
+/// `axis` (negative counts from the end) as an index into a rank-`rank` shape.
+pub fn normalize_axis(axis: i64, rank: usize) -> std::result::Result<usize, String> {
+    let r = rank as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if a < 0 || a >= r.max(1) {
+        return Err(format!("axis {axis} is out of range for rank {rank}"));
+    }
+    Ok(a as usize)
+}
+
+/// The rank of input `i` when ORT knows it.
+pub fn input_rank(node: &NodeInfo, i: usize) -> Option<usize> {
+    node.input(i).and_then(ValueInfo::rank)
+}
+
+/// The element type of input `i` when known.
+pub fn input_type(node: &NodeInfo, i: usize) -> Option<ElemType> {
+    node.input(i).and_then(|v| v.elem_type)
+}
 
 /// Declines unless every present input and output is a tensor of one of `allowed`.
 pub fn require_types(node: &NodeInfo, allowed: &[ElemType]) -> std::result::Result<(), Decline> {

@@ -107,3 +107,45 @@ impl Lowering for TensorScatter {
 }
 
 ep_core::register_lowering!(TENSOR_SCATTER = TensorScatter);
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, DType, Values, register_spec};
+
+    /// A cache `[batch, ..., seq, ...]` written along a non-batch axis, `update` rows at
+    /// per-batch indices that keep the write inside the cache (or at 0 without indices).
+    fn tensor_scatter() -> BoxedStrategy<Case> {
+        (
+            float_dtype(),
+            nonempty_shape(3..=4),
+            any::<prop::sample::Index>(),
+            any::<prop::sample::Index>(),
+            0..3u8,
+            seed(),
+        )
+            .prop_map(|(t, past, axis_pick, len_pick, form, seed)| {
+                let r = past.len();
+                let axis = 1 + axis_pick.index(r - 1);
+                let len = 1 + len_pick.index(past[axis] as usize) as i64;
+                let mut update = past.clone();
+                update[axis] = len;
+                let room = past[axis] - len + 1;
+                let mut case = Case::op("TensorScatter", 24).input("past", t, &past).input("update", t, &update);
+                if form != 0 {
+                    case = case.input_with(
+                        "write_indices",
+                        DType::I64,
+                        &[past[0]],
+                        Values::Uniform { lo: 0.0, hi: room as f64 },
+                    );
+                }
+                let axis_attr = if form == 2 { axis as i64 - r as i64 } else { axis as i64 };
+                let case = if form == 1 && axis == r - 2 { case } else { case.attr_int("axis", axis_attr) };
+                case.output("present", t, &past).with_seed(seed)
+            })
+            .boxed()
+    }
+
+    register_spec!("", "TensorScatter", tensor_scatter);
+}

@@ -48,6 +48,11 @@ fn relu(x: &Array, s: &Stream) -> MlxResult<Array> {
     ops::maximum(x, &zero, s)
 }
 
+/// `sign(x)`, with NaN kept NaN (MLX's sign gives 0 for NaN).
+fn sign(x: &Array, s: &Stream) -> MlxResult<Array> {
+    ops::where_(&ops::isnan(x, s)?, x, &ops::sign(x, s)?, s)
+}
+
 ep_core::register_lowering!(RELU = Unary { op: "Relu", since: 6, f: relu });
 ep_core::register_lowering!(SIGMOID = Unary { op: "Sigmoid", since: 6, f: ops::sigmoid });
 ep_core::register_lowering!(TANH = Unary { op: "Tanh", since: 6, f: ops::tanh });
@@ -60,7 +65,7 @@ ep_core::register_lowering!(RECIPROCAL = Unary { op: "Reciprocal", since: 6, f: 
 ep_core::register_lowering!(FLOOR = Unary { op: "Floor", since: 6, f: ops::floor });
 ep_core::register_lowering!(CEIL = Unary { op: "Ceil", since: 6, f: ops::ceil });
 ep_core::register_lowering!(ROUND = Unary { op: "Round", since: 11, f: ops::round });
-ep_core::register_lowering!(SIGN = Unary { op: "Sign", since: 9, f: ops::sign });
+ep_core::register_lowering!(SIGN = Unary { op: "Sign", since: 9, f: sign });
 ep_core::register_lowering!(ERF = Unary { op: "Erf", since: 9, f: ops::erf });
 ep_core::register_lowering!(SIN = Unary { op: "Sin", since: 7, f: ops::sin });
 ep_core::register_lowering!(COS = Unary { op: "Cos", since: 7, f: ops::cos });
@@ -73,3 +78,53 @@ ep_core::register_lowering!(COSH = Unary { op: "Cosh", since: 9, f: ops::cosh })
 ep_core::register_lowering!(ASINH = Unary { op: "Asinh", since: 9, f: ops::arcsinh });
 ep_core::register_lowering!(ACOSH = Unary { op: "Acosh", since: 9, f: ops::arccosh });
 ep_core::register_lowering!(ATANH = Unary { op: "Atanh", since: 9, f: ops::arctanh });
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, DType, Values, register_spec};
+
+    /// Any float shape (scalars and size-0 dims included), values with NaN, ±inf and extremes
+    /// mixed in, at an opset from the lowering's first to 22.
+    fn unary(op: &'static str, since: u32) -> BoxedStrategy<Case> {
+        unary_with(op, since, |_| Values::Special)
+    }
+
+    fn unary_with(op: &'static str, since: u32, values: fn(DType) -> Values) -> BoxedStrategy<Case> {
+        (float_dtype(), shape(0..=4), opset(since.max(7)..=22), seed())
+            .prop_map(move |(t, s, v, seed)| {
+                Case::op(op, v).input_with("x", t, &s, values(t)).output("y", t, &s).with_seed(seed)
+            })
+            .boxed()
+    }
+
+    register_spec!("", "Relu", || unary("Relu", 6));
+    register_spec!("", "Sigmoid", || unary("Sigmoid", 6));
+    register_spec!("", "Tanh", || unary("Tanh", 6));
+    register_spec!("", "Exp", || unary("Exp", 6));
+    register_spec!("", "Log", || unary("Log", 6));
+    register_spec!("", "Sqrt", || unary("Sqrt", 6));
+    register_spec!("", "Abs", || unary("Abs", 6));
+    register_spec!("", "Neg", || unary("Neg", 6));
+    register_spec!("", "Reciprocal", || unary("Reciprocal", 6));
+    register_spec!("", "Floor", || unary("Floor", 6));
+    register_spec!("", "Ceil", || unary("Ceil", 6));
+    register_spec!("", "Round", || unary("Round", 11));
+    // ORT's CPU EP gives Sign(NaN) = NaN in float32 but 0 in float16; the lowering keeps NaN
+    // (NumPy's and ONNX's reference answer), so float16 cases leave NaN out.
+    register_spec!("", "Sign", || {
+        unary_with("Sign", 9, |t| if t == DType::F16 { Values::Uniform { lo: -3.0, hi: 3.0 } } else { Values::Special })
+    });
+    register_spec!("", "Erf", || unary("Erf", 9));
+    register_spec!("", "Sin", || unary("Sin", 7));
+    register_spec!("", "Cos", || unary("Cos", 7));
+    register_spec!("", "Tan", || unary("Tan", 7));
+    register_spec!("", "Asin", || unary("Asin", 7));
+    register_spec!("", "Acos", || unary("Acos", 7));
+    register_spec!("", "Atan", || unary("Atan", 7));
+    register_spec!("", "Sinh", || unary("Sinh", 9));
+    register_spec!("", "Cosh", || unary("Cosh", 9));
+    register_spec!("", "Asinh", || unary("Asinh", 9));
+    register_spec!("", "Acosh", || unary("Acosh", 9));
+    register_spec!("", "Atanh", || unary("Atanh", 9));
+}

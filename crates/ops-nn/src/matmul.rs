@@ -100,3 +100,88 @@ impl Lowering for Gemm {
 
 ep_core::register_lowering!(MATMUL = MatMul);
 ep_core::register_lowering!(GEMM = Gemm);
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, Values, register_spec, strategy::broadcast_shape};
+
+    const UNIT: Values = Values::Uniform { lo: -1.0, hi: 1.0 };
+
+    /// Batched, broadcast and 1-D operands; `k` up to 8.
+    fn matmul() -> BoxedStrategy<Case> {
+        let dims = (1..=5i64, 1..=8i64, 1..=5i64);
+        (float_dtype(), broadcast_pair(0..=2), dims, 0..4u8, opset(7..=22), seed())
+            .prop_map(|(t, (ba, bb, _), (m, k, n), vector, v, seed)| {
+                // ORT's CPU MatMul broadcasts batch dims only one way round: `b`'s batch dims are
+                // none, or a suffix of `a`'s.
+                let bb = if bb.len() <= ba.len() && bb.iter().all(|&d| d == 1) {
+                    vec![]
+                } else {
+                    ba[ba.len().saturating_sub(bb.len())..].to_vec()
+                };
+                // vector: 1 = a is 1-D, 2 = b is 1-D, 3 = both.
+                let a: Vec<i64> = if vector & 1 != 0 { vec![k] } else { [ba.clone(), vec![m, k]].concat() };
+                let b: Vec<i64> = if vector & 2 != 0 { vec![k] } else { [bb.clone(), vec![k, n]].concat() };
+                let batch = match vector {
+                    0 => broadcast_shape(&ba, &bb).expect("broadcastable"),
+                    1 => bb.clone(),
+                    2 => ba.clone(),
+                    _ => vec![],
+                };
+                let mut y = batch;
+                if vector & 1 == 0 {
+                    y.push(m);
+                }
+                if vector & 2 == 0 {
+                    y.push(n);
+                }
+                Case::op("MatMul", v)
+                    .input_with("a", t, &a, UNIT)
+                    .input_with("b", t, &b, UNIT)
+                    .output("y", t, &y)
+                    .with_seed(seed)
+            })
+            .boxed()
+    }
+
+    /// Transposes, alpha/beta, and every broadcastable form of C (absent from opset 11).
+    fn gemm() -> BoxedStrategy<Case> {
+        let scale = || select(&[1.0f32, 0.5, 2.0, -1.0][..]);
+        (
+            float_dtype(),
+            (1..=6i64, 1..=8i64, 1..=6i64),
+            any::<(bool, bool)>(),
+            (scale(), scale()),
+            0..6u8,
+            opset(7..=22),
+            seed(),
+        )
+            .prop_map(|(t, (m, k, n), (ta, tb), (alpha, beta), c_form, v, seed)| {
+                let a = if ta { [k, m] } else { [m, k] };
+                let b = if tb { [n, k] } else { [k, n] };
+                let mut case = Case::op("Gemm", v).input_with("a", t, &a, UNIT).input_with("b", t, &b, UNIT);
+                let c: Option<Vec<i64>> = match c_form {
+                    0 if v >= 11 => None,
+                    0 | 1 => Some(vec![n]),
+                    2 => Some(vec![]),
+                    3 => Some(vec![1, n]),
+                    4 => Some(vec![m, 1]),
+                    _ => Some(vec![m, n]),
+                };
+                if let Some(c) = c {
+                    case = case.input_with("c", t, &c, UNIT);
+                }
+                case.output("y", t, &[m, n])
+                    .attr_int("transA", ta as i64)
+                    .attr_int("transB", tb as i64)
+                    .attr_float("alpha", alpha)
+                    .attr_float("beta", beta)
+                    .with_seed(seed)
+            })
+            .boxed()
+    }
+
+    register_spec!("", "MatMul", matmul);
+    register_spec!("", "Gemm", gemm);
+}

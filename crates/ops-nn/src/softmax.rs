@@ -47,6 +47,15 @@ impl Lowering for Softmax {
         let shape = x.shape();
         let axis = self.axis(node, shape.len()).map_err(Error::new)?;
         if !self.flattening {
+            if shape[axis] == 1 {
+                // One element per row: 1, or NaN for NaN/inf (as exp(x - max) gives). MLX 0.32.2's
+                // compiled CPU reduction crashed on a size-1 middle axis, so it is not reduced.
+                return Ok(vec![ops::add(
+                    &ops::subtract(x, x, s)?,
+                    &ops::astype(&Array::scalar_f32(1.0), x.dtype(), s)?,
+                    s,
+                )?]);
+            }
             return Ok(vec![ops::softmax(x, axis as i32, s)?]);
         }
         let rows: i64 = shape[..axis].iter().product();
@@ -68,3 +77,25 @@ impl Lowering for Softmax {
 
 ep_core::register_lowering!(SOFTMAX_2D = Softmax { flattening: true });
 ep_core::register_lowering!(SOFTMAX = Softmax { flattening: false });
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, Values, register_spec};
+
+    /// Both definitions (opset < 13 flattens at `axis`, 13+ is per-axis), every axis.
+    fn softmax() -> BoxedStrategy<Case> {
+        (float_dtype(), nonempty_shape(1..=4), opset(7..=22), any::<prop::sample::Index>(), any::<bool>(), seed())
+            .prop_map(|(t, s, v, axis, default_axis, seed)| {
+                let r = s.len() as i64;
+                let axis = axis.index(2 * s.len()) as i64 - r;
+                let case = Case::op("Softmax", v).input_with("x", t, &s, Values::Uniform { lo: -5.0, hi: 5.0 });
+                // Before opset 13 the default axis is 1, which a 1-D input does not have.
+                let case = if default_axis && (v >= 13 || r >= 2) { case } else { case.attr_int("axis", axis) };
+                case.output("y", t, &s).with_seed(seed)
+            })
+            .boxed()
+    }
+
+    register_spec!("", "Softmax", softmax);
+}

@@ -10,6 +10,8 @@ pub fn link_op_families() {
     ops_elementwise::link();
     #[cfg(feature = "nn")]
     ops_nn::link();
+    #[cfg(feature = "tensor")]
+    ops_tensor::link();
     #[cfg(feature = "attention")]
     ops_attention::link();
     #[cfg(feature = "quant")]
@@ -24,6 +26,8 @@ pub const FAMILIES: &[&str] = &[
     "elementwise",
     #[cfg(feature = "nn")]
     "nn",
+    #[cfg(feature = "tensor")]
+    "tensor",
     #[cfg(feature = "attention")]
     "attention",
     #[cfg(feature = "quant")]

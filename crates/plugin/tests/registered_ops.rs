@@ -1,6 +1,7 @@
 //! The registry of the full plugin holds exactly the lowerings in `registered-ops.txt`.
 #![cfg(all(
     feature = "elementwise",
+    feature = "tensor",
     feature = "nn",
     feature = "attention",
     feature = "quant",
@@ -23,6 +24,16 @@ fn registered_lowerings_match_the_committed_list() {
     let registry = ep_core::registry::global().expect("registry builds without duplicates");
     let mut actual: Vec<String> = registry.entries().iter().map(describe).collect();
     actual.sort();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/registered-ops.txt");
+    if std::env::var_os("UPDATE_REGISTERED_OPS").is_some() {
+        let header: String = include_str!("../registered-ops.txt")
+            .lines()
+            .take_while(|l| l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        std::fs::write(path, header + &actual.join("\n") + "\n").expect("write registered-ops.txt");
+        return;
+    }
     let mut expected: Vec<String> = include_str!("../registered-ops.txt")
         .lines()
         .map(str::trim)
@@ -30,5 +41,8 @@ fn registered_lowerings_match_the_committed_list() {
         .map(str::to_owned)
         .collect();
     expected.sort();
-    assert_eq!(actual, expected, "update crates/plugin/registered-ops.txt when adding or removing a lowering");
+    assert_eq!(
+        actual, expected,
+        "update crates/plugin/registered-ops.txt when adding or removing a lowering (UPDATE_REGISTERED_OPS=1 cargo test -p onnxruntime-mlx-ep rewrites it)"
+    );
 }

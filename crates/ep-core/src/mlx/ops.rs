@@ -52,6 +52,19 @@ unary! {
     ceil => mlx_ceil;
     reciprocal => mlx_reciprocal;
     sign => mlx_sign;
+    isnan => mlx_isnan;
+    isinf => mlx_isinf;
+    isposinf => mlx_isposinf;
+    isneginf => mlx_isneginf;
+    logical_not => mlx_logical_not;
+    bitwise_invert => mlx_bitwise_invert;
+    square => mlx_square;
+    rsqrt => mlx_rsqrt;
+    log1p => mlx_log1p;
+    expm1 => mlx_expm1;
+    trunc => mlx_trunc;
+    /// A copy (a new node in the graph).
+    copy => mlx_copy;
     /// Reverses all axes.
     transpose => mlx_transpose;
 }
@@ -66,6 +79,24 @@ binary! {
     minimum => mlx_minimum;
     /// Batched matrix product with NumPy semantics.
     matmul => mlx_matmul;
+    power => mlx_power;
+    /// Remainder with the sign of the divisor (Python's `%`).
+    remainder => mlx_remainder;
+    floor_divide => mlx_floor_divide;
+    equal => mlx_equal;
+    not_equal => mlx_not_equal;
+    less => mlx_less;
+    less_equal => mlx_less_equal;
+    greater => mlx_greater;
+    greater_equal => mlx_greater_equal;
+    logical_and => mlx_logical_and;
+    logical_or => mlx_logical_or;
+    bitwise_and => mlx_bitwise_and;
+    bitwise_or => mlx_bitwise_or;
+    bitwise_xor => mlx_bitwise_xor;
+    left_shift => mlx_left_shift;
+    right_shift => mlx_right_shift;
+    logaddexp => mlx_logaddexp;
 }
 
 /// Rounds to the nearest integer, halves to even.
@@ -181,4 +212,284 @@ pub fn slice_update(src: &Array, update: &Array, start: &[i64], stop: &[i64], s:
         )
     })?;
     Ok(out)
+}
+
+/// `cond ? x : y`, broadcasting.
+pub fn where_(cond: &Array, x: &Array, y: &Array, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_where(&mut out.0, cond.0, x.0, y.0, s.0) })?;
+    Ok(out)
+}
+
+/// `min(max(a, lo), hi)`; either bound may be absent.
+pub fn clip(a: &Array, lo: Option<&Array>, hi: Option<&Array>, s: &Stream) -> Result<Array> {
+    let null = mlx_sys::mlx_array { ctx: std::ptr::null_mut() };
+    let mut out = Array::empty();
+    // SAFETY: mlx-c accepts null bounds.
+    check(unsafe { mlx_sys::mlx_clip(&mut out.0, a.0, lo.map_or(null, |x| x.0), hi.map_or(null, |x| x.0), s.0) })?;
+    Ok(out)
+}
+
+macro_rules! reduce_axes {
+    ($($(#[$doc:meta])* $name:ident => $raw:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(a: &Array, axes: &[i32], keepdims: bool, s: &Stream) -> Result<Array> {
+            let axes: Vec<c_int> = axes.iter().map(|&d| d as c_int).collect();
+            let mut out = Array::empty();
+            // SAFETY: `axes` outlives the call.
+            check(unsafe { mlx_sys::$raw(&mut out.0, a.0, axes.as_ptr(), axes.len(), keepdims, s.0) })?;
+            Ok(out)
+        }
+    )*};
+}
+
+reduce_axes! {
+    sum_axes => mlx_sum_axes;
+    mean_axes => mlx_mean_axes;
+    max_axes => mlx_max_axes;
+    min_axes => mlx_min_axes;
+    prod_axes => mlx_prod_axes;
+    logsumexp_axes => mlx_logsumexp_axes;
+}
+
+macro_rules! arg_reduce {
+    ($($name:ident => $raw:ident;)*) => {$(
+        pub fn $name(a: &Array, axis: i32, keepdims: bool, s: &Stream) -> Result<Array> {
+            let mut out = Array::empty();
+            // SAFETY: as above.
+            check(unsafe { mlx_sys::$raw(&mut out.0, a.0, axis as c_int, keepdims, s.0) })?;
+            Ok(out)
+        }
+    )*};
+}
+
+arg_reduce! {
+    argmax_axis => mlx_argmax_axis;
+    argmin_axis => mlx_argmin_axis;
+}
+
+macro_rules! with_axis {
+    ($($(#[$doc:meta])* $name:ident => $raw:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(a: &Array, axis: i32, s: &Stream) -> Result<Array> {
+            let mut out = Array::empty();
+            // SAFETY: as above.
+            check(unsafe { mlx_sys::$raw(&mut out.0, a.0, axis as c_int, s.0) })?;
+            Ok(out)
+        }
+    )*};
+}
+
+with_axis! {
+    sort_axis => mlx_sort_axis;
+    /// Indices that sort along `axis` (stable).
+    argsort_axis => mlx_argsort_axis;
+    expand_dims => mlx_expand_dims;
+}
+
+/// Lower (`tril`) or upper (`triu`) triangle of the last two dims, from diagonal `k`.
+pub fn tril(a: &Array, k: i32, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_tril(&mut out.0, a.0, k as c_int, s.0) })?;
+    Ok(out)
+}
+
+pub fn triu(a: &Array, k: i32, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_triu(&mut out.0, a.0, k as c_int, s.0) })?;
+    Ok(out)
+}
+
+/// `a.take(indices, axis)`: gathers whole slices along `axis` (indices must be in range).
+pub fn take(a: &Array, indices: &Array, axis: i32, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_take_axis(&mut out.0, a.0, indices.0, axis as c_int, s.0) })?;
+    Ok(out)
+}
+
+/// Gathers elements along `axis` at `indices` (same rank as `a`).
+pub fn take_along_axis(a: &Array, indices: &Array, axis: i32, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_take_along_axis(&mut out.0, a.0, indices.0, axis as c_int, s.0) })?;
+    Ok(out)
+}
+
+/// `a` with `values` written along `axis` at `indices`.
+pub fn put_along_axis(a: &Array, indices: &Array, values: &Array, axis: i32, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_put_along_axis(&mut out.0, a.0, indices.0, values.0, axis as c_int, s.0) })?;
+    Ok(out)
+}
+
+pub fn concatenate(arrays: &[Array], axis: i32, s: &Stream) -> Result<Array> {
+    let v = super::VectorArray::from_arrays(arrays)?;
+    let mut out = Array::empty();
+    // SAFETY: `v` outlives the call.
+    check(unsafe { mlx_sys::mlx_concatenate_axis(&mut out.0, v.0, axis as c_int, s.0) })?;
+    Ok(out)
+}
+
+pub fn stack(arrays: &[Array], axis: i32, s: &Stream) -> Result<Array> {
+    let v = super::VectorArray::from_arrays(arrays)?;
+    let mut out = Array::empty();
+    // SAFETY: `v` outlives the call.
+    check(unsafe { mlx_sys::mlx_stack_axis(&mut out.0, v.0, axis as c_int, s.0) })?;
+    Ok(out)
+}
+
+/// Splits along `axis` at the given boundaries.
+pub fn split_at(a: &Array, boundaries: &[i64], axis: i32, s: &Stream) -> Result<Vec<Array>> {
+    let b = dims(boundaries);
+    let mut out = super::VectorArray::new();
+    // SAFETY: `b` outlives the call; `out` is a valid vector handle.
+    check(unsafe { mlx_sys::mlx_split_sections(&mut out.0, a.0, b.as_ptr(), b.len(), axis as c_int, s.0) })?;
+    out.to_vec()
+}
+
+/// Pads every axis by `(low, high)` with `value` (mode `"constant"`, `"edge"` or `"reflect"`).
+pub fn pad(a: &Array, low: &[i64], high: &[i64], value: &Array, mode: &str, s: &Stream) -> Result<Array> {
+    let axes: Vec<c_int> = (0..low.len() as c_int).collect();
+    let (lo, hi) = (dims(low), dims(high));
+    let mode = std::ffi::CString::new(mode).map_err(|_| super::MlxError("pad mode has a NUL".into()))?;
+    let mut out = Array::empty();
+    // SAFETY: every buffer outlives the call.
+    check(unsafe {
+        mlx_sys::mlx_pad(
+            &mut out.0,
+            a.0,
+            axes.as_ptr(),
+            axes.len(),
+            lo.as_ptr(),
+            lo.len(),
+            hi.as_ptr(),
+            hi.len(),
+            value.0,
+            mode.as_ptr(),
+            s.0,
+        )
+    })?;
+    Ok(out)
+}
+
+pub fn broadcast_to(a: &Array, shape: &[i64], s: &Stream) -> Result<Array> {
+    let shape = dims(shape);
+    let mut out = Array::empty();
+    // SAFETY: `shape` outlives the call.
+    check(unsafe { mlx_sys::mlx_broadcast_to(&mut out.0, a.0, shape.as_ptr(), shape.len(), s.0) })?;
+    Ok(out)
+}
+
+pub fn tile(a: &Array, reps: &[i64], s: &Stream) -> Result<Array> {
+    let reps = dims(reps);
+    let mut out = Array::empty();
+    // SAFETY: `reps` outlives the call.
+    check(unsafe { mlx_sys::mlx_tile(&mut out.0, a.0, reps.as_ptr(), reps.len(), s.0) })?;
+    Ok(out)
+}
+
+/// Cumulative sum along `axis`.
+pub fn cumsum(a: &Array, axis: i32, reverse: bool, inclusive: bool, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    let keep = mlx_sys::mlx_optional_dtype { value: a.dtype().to_raw(), has_value: false };
+    check(unsafe { mlx_sys::mlx_cumsum_axis(&mut out.0, a.0, axis as c_int, reverse, inclusive, keep, s.0) })?;
+    Ok(out)
+}
+
+/// `[start, stop)` by `step`, of `dtype`.
+pub fn arange(start: f64, stop: f64, step: f64, dtype: Dtype, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_arange(&mut out.0, start, stop, step, dtype.to_raw(), s.0) })?;
+    Ok(out)
+}
+
+/// An array of `shape` filled with the scalar `value`, as `dtype`.
+pub fn full(shape: &[i64], value: &Array, dtype: Dtype, s: &Stream) -> Result<Array> {
+    let shape = dims(shape);
+    let mut out = Array::empty();
+    // SAFETY: `shape` outlives the call.
+    check(unsafe { mlx_sys::mlx_full(&mut out.0, shape.as_ptr(), shape.len(), value.0, dtype.to_raw(), s.0) })?;
+    Ok(out)
+}
+
+/// N-d convolution of `input` `[N, *spatial, C_in]` with `weight` `[C_out, *kernel, C_in/groups]`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_general(
+    input: &Array,
+    weight: &Array,
+    stride: &[i64],
+    pad_lo: &[i64],
+    pad_hi: &[i64],
+    kernel_dilation: &[i64],
+    input_dilation: &[i64],
+    groups: i64,
+    s: &Stream,
+) -> Result<Array> {
+    let (st, lo, hi, kd, id) = (dims(stride), dims(pad_lo), dims(pad_hi), dims(kernel_dilation), dims(input_dilation));
+    let mut out = Array::empty();
+    // SAFETY: every buffer outlives the call.
+    check(unsafe {
+        mlx_sys::mlx_conv_general(
+            &mut out.0,
+            input.0,
+            weight.0,
+            st.as_ptr(),
+            st.len(),
+            lo.as_ptr(),
+            lo.len(),
+            hi.as_ptr(),
+            hi.len(),
+            kd.as_ptr(),
+            kd.len(),
+            id.as_ptr(),
+            id.len(),
+            groups as c_int,
+            false,
+            s.0,
+        )
+    })?;
+    Ok(out)
+}
+
+/// Scatter along the given axes: `updates` written (or, with `add`, summed) at `indices`.
+pub fn scatter(a: &Array, indices: &[Array], updates: &Array, axes: &[i32], add: bool, s: &Stream) -> Result<Array> {
+    let v = super::VectorArray::from_arrays(indices)?;
+    let axes: Vec<c_int> = axes.iter().map(|&d| d as c_int).collect();
+    let mut out = Array::empty();
+    // SAFETY: `v` and `axes` outlive the call.
+    check(unsafe {
+        if add {
+            mlx_sys::mlx_scatter_add(&mut out.0, a.0, v.0, updates.0, axes.as_ptr(), axes.len(), s.0)
+        } else {
+            mlx_sys::mlx_scatter(&mut out.0, a.0, v.0, updates.0, axes.as_ptr(), axes.len(), s.0)
+        }
+    })?;
+    Ok(out)
+}
+
+/// A scalar of `dtype` holding `v` (integers exactly, up to 2^53).
+pub fn scalar(v: f64, dtype: Dtype, s: &Stream) -> Result<Array> {
+    let a = if dtype.is_float() && dtype != Dtype::F64 {
+        Array::scalar_f32(v as f32)
+    } else if dtype == Dtype::F64 {
+        Array::from_slice(&[v], &[])?
+    } else if dtype == Dtype::U64 {
+        Array::from_slice(&[v as u64], &[])?
+    } else {
+        Array::from_slice(&[v as i64], &[])?
+    };
+    astype(&a, dtype, s)
+}
+
+/// The array's shape as a 1-D int64 array (a constant: not a tracer inside a compiled trace).
+pub fn shape_of(a: &Array) -> Result<Array> {
+    let shape = a.shape();
+    Array::from_slice(&shape, &[shape.len() as i64])
 }

@@ -1,0 +1,329 @@
+//! Activations: LeakyRelu, PRelu, Elu, Selu, Celu, ThresholdedRelu, Gelu, Mish, HardSigmoid,
+//! HardSwish, Softplus, Softsign, and the `com.microsoft` fused forms ORT's optimizer makes
+//! (FastGelu, BiasGelu, QuickGelu, Gelu). float16 and bfloat16 compute in float32 and
+//! round once, as ORT's CPU EP does.
+
+use ep_core::lowering::{FLOATS, FnLowering, require_inputs, require_types};
+use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::{CompileSafety, Decline, LowerCtx, NodeInfo, Result};
+
+const MS: &str = "com.microsoft";
+
+/// `f(x)` computed in float32 for half types, rounded back to `x`'s type.
+fn in_f32(x: &Array, s: &Stream, f: impl FnOnce(&Array) -> Result<Array>) -> Result<Array> {
+    let t = x.dtype();
+    if t == Dtype::F16 || t == Dtype::BF16 {
+        Ok(ops::astype(&f(&ops::astype(x, Dtype::F32, s)?)?, t, s)?)
+    } else {
+        f(x)
+    }
+}
+
+fn c(v: f64, like: &Array, s: &Stream) -> Result<Array> {
+    Ok(ops::scalar(v, like.dtype(), s)?)
+}
+
+fn attr(node: &NodeInfo, name: &str, default: f32) -> Result<f64> {
+    Ok(node.attr_float(name, default)? as f64)
+}
+
+fn claim_unary(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_types(node, FLOATS)
+}
+
+fn claim_gelu(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    claim_unary(node)?;
+    match node.attr("approximate") {
+        None => Ok(()),
+        Some(ep_core::AttrValue::String(a)) if a == "none" || a == "tanh" => Ok(()),
+        Some(other) => Err(Decline(format!("approximate={other:?} is not supported"))),
+    }
+}
+
+fn claim_floats(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_types(node, FLOATS)
+}
+
+/// Applies a unary activation `f(x, node, stream)` to input 0.
+fn unary(
+    ctx: &mut LowerCtx<'_>,
+    node: &NodeInfo,
+    f: fn(&Array, &NodeInfo, &Stream) -> Result<Array>,
+) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let s = ctx.stream();
+    Ok(vec![in_f32(x, s, |x| f(x, node, s))?])
+}
+
+fn leaky_relu(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
+    let neg = ops::less(x, &c(0.0, x, s)?, s)?;
+    Ok(ops::where_(&neg, &ops::multiply(x, &c(attr(node, "alpha", 0.01)?, x, s)?, s)?, x, s)?)
+}
+
+fn elu(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
+    let neg = ops::less(x, &c(0.0, x, s)?, s)?;
+    let e = ops::multiply(&ops::expm1(x, s)?, &c(attr(node, "alpha", 1.0)?, x, s)?, s)?;
+    Ok(ops::where_(&neg, &e, x, s)?)
+}
+
+fn selu(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
+    let alpha = attr(node, "alpha", 1.673_263_2)?;
+    let gamma = attr(node, "gamma", 1.050_701)?;
+    let neg = ops::less_equal(x, &c(0.0, x, s)?, s)?;
+    let e = ops::multiply(&ops::expm1(x, s)?, &c(alpha, x, s)?, s)?;
+    Ok(ops::multiply(&ops::where_(&neg, &e, x, s)?, &c(gamma, x, s)?, s)?)
+}
+
+fn celu(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
+    let alpha = attr(node, "alpha", 1.0)?;
+    let zero = c(0.0, x, s)?;
+    let e = ops::multiply(&ops::expm1(&ops::divide(x, &c(alpha, x, s)?, s)?, s)?, &c(alpha, x, s)?, s)?;
+    Ok(ops::add(&ops::maximum(x, &zero, s)?, &ops::minimum(&zero, &e, s)?, s)?)
+}
+
+fn thresholded_relu(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
+    let keep = ops::greater(x, &c(attr(node, "alpha", 1.0)?, x, s)?, s)?;
+    Ok(ops::where_(&keep, x, &c(0.0, x, s)?, s)?)
+}
+
+/// `0.5 x (1 + erf(x / sqrt 2))`.
+fn gelu_erf(x: &Array, s: &Stream) -> Result<Array> {
+    let inner = ops::erf(&ops::multiply(x, &c(std::f64::consts::FRAC_1_SQRT_2, x, s)?, s)?, s)?;
+    let half_x = ops::multiply(x, &c(0.5, x, s)?, s)?;
+    Ok(ops::multiply(&half_x, &ops::add(&inner, &c(1.0, x, s)?, s)?, s)?)
+}
+
+/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+fn gelu_tanh(x: &Array, s: &Stream) -> Result<Array> {
+    let cube = ops::multiply(&ops::multiply(x, x, s)?, x, s)?;
+    let inner = ops::add(x, &ops::multiply(&cube, &c(0.044715, x, s)?, s)?, s)?;
+    let t = ops::tanh(&ops::multiply(&inner, &c((2.0 / std::f64::consts::PI).sqrt(), x, s)?, s)?, s)?;
+    let half_x = ops::multiply(x, &c(0.5, x, s)?, s)?;
+    Ok(ops::multiply(&half_x, &ops::add(&t, &c(1.0, x, s)?, s)?, s)?)
+}
+
+fn gelu(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
+    match node.attr("approximate") {
+        Some(ep_core::AttrValue::String(a)) if a == "tanh" => gelu_tanh(x, s),
+        _ => gelu_erf(x, s),
+    }
+}
+
+/// `log(1 + exp(x))`, stable for large |x|.
+fn softplus_of(x: &Array, s: &Stream) -> Result<Array> {
+    Ok(ops::logaddexp(x, &c(0.0, x, s)?, s)?)
+}
+
+fn softplus(x: &Array, _: &NodeInfo, s: &Stream) -> Result<Array> {
+    softplus_of(x, s)
+}
+
+fn mish(x: &Array, _: &NodeInfo, s: &Stream) -> Result<Array> {
+    Ok(ops::multiply(x, &ops::tanh(&softplus_of(x, s)?, s)?, s)?)
+}
+
+fn hard_sigmoid_of(x: &Array, alpha: f64, beta: f64, s: &Stream) -> Result<Array> {
+    let y = ops::add(&ops::multiply(x, &c(alpha, x, s)?, s)?, &c(beta, x, s)?, s)?;
+    Ok(ops::clip(&y, Some(&c(0.0, x, s)?), Some(&c(1.0, x, s)?), s)?)
+}
+
+fn hard_sigmoid(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
+    hard_sigmoid_of(x, attr(node, "alpha", 0.2)?, attr(node, "beta", 0.5)?, s)
+}
+
+fn hard_swish(x: &Array, _: &NodeInfo, s: &Stream) -> Result<Array> {
+    Ok(ops::multiply(x, &hard_sigmoid_of(x, 1.0 / 6.0, 0.5, s)?, s)?)
+}
+
+fn softsign(x: &Array, _: &NodeInfo, s: &Stream) -> Result<Array> {
+    Ok(ops::divide(x, &ops::add(&ops::abs(x, s)?, &c(1.0, x, s)?, s)?, s)?)
+}
+
+fn quick_gelu(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
+    let a = attr(node, "alpha", 1.702)?;
+    Ok(ops::multiply(x, &ops::sigmoid(&ops::multiply(x, &c(a, x, s)?, s)?, s)?, s)?)
+}
+
+fn ms_gelu(x: &Array, _: &NodeInfo, s: &Stream) -> Result<Array> {
+    gelu_erf(x, s)
+}
+
+macro_rules! activation {
+    ($($name:ident: $domain:expr, $op:expr, $since:expr, $claim:ident, $f:ident;)*) => {$(
+        ep_core::register_lowering!($name = FnLowering {
+            domain: $domain,
+            op: $op,
+            opsets: $since..=i32::MAX,
+            claim: $claim,
+            lower: |ctx, node| unary(ctx, node, $f),
+            safety: CompileSafety::Shapeless,
+        });
+    )*};
+}
+
+activation! {
+    LEAKY_RELU: "", "LeakyRelu", 6, claim_unary, leaky_relu;
+    ELU: "", "Elu", 6, claim_unary, elu;
+    SELU: "", "Selu", 6, claim_unary, selu;
+    CELU: "", "Celu", 12, claim_unary, celu;
+    THRESHOLDED_RELU: "", "ThresholdedRelu", 10, claim_unary, thresholded_relu;
+    GELU: "", "Gelu", 20, claim_gelu, gelu;
+    MISH: "", "Mish", 18, claim_unary, mish;
+    HARD_SIGMOID: "", "HardSigmoid", 6, claim_unary, hard_sigmoid;
+    HARD_SWISH: "", "HardSwish", 14, claim_unary, hard_swish;
+    SOFTPLUS: "", "Softplus", 1, claim_unary, softplus;
+    SOFTSIGN: "", "Softsign", 1, claim_unary, softsign;
+    QUICK_GELU: MS, "QuickGelu", 1, claim_unary, quick_gelu;
+    MS_GELU: MS, "Gelu", 1, claim_unary, ms_gelu;
+}
+
+fn claim_prelu(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 2, 2)?;
+    require_types(node, FLOATS)
+}
+
+fn lower_prelu(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+    let (x, slope, s) = (ctx.input(0)?, ctx.input(1)?, ctx.stream());
+    let neg = ops::less(x, &c(0.0, x, s)?, s)?;
+    Ok(vec![ops::where_(&neg, &ops::multiply(x, slope, s)?, x, s)?])
+}
+
+ep_core::register_lowering!(
+    PRELU = FnLowering {
+        domain: "",
+        op: "PRelu",
+        opsets: 7..=i32::MAX,
+        claim: claim_prelu,
+        lower: lower_prelu,
+        safety: CompileSafety::Shapeless,
+    }
+);
+
+/// `gelu(x + bias)`: FastGelu (tanh form, bias optional) and BiasGelu (erf form).
+fn lower_biased(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    let x = match ctx.optional_input(1) {
+        Some(b) => ops::add(ctx.input(0)?, b, s)?,
+        None => ctx.input(0)?.clone(),
+    };
+    let tanh_form = node.op_type == "FastGelu";
+    Ok(vec![in_f32(&x, s, |x| if tanh_form { gelu_tanh(x, s) } else { gelu_erf(x, s) })?])
+}
+
+ep_core::register_lowering!(
+    FAST_GELU = FnLowering {
+        domain: MS,
+        op: "FastGelu",
+        opsets: 1..=i32::MAX,
+        claim: claim_floats,
+        lower: lower_biased,
+        safety: CompileSafety::Shapeless,
+    }
+);
+
+ep_core::register_lowering!(
+    BIAS_GELU = FnLowering {
+        domain: MS,
+        op: "BiasGelu",
+        opsets: 1..=i32::MAX,
+        claim: claim_floats,
+        lower: lower_biased,
+        safety: CompileSafety::Shapeless,
+    }
+);
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Attr, Case, Values, register_spec};
+
+    /// A unary activation on float shapes with special values; `attrs` draws its attributes.
+    fn act(
+        domain: &'static str,
+        op: &'static str,
+        since: u32,
+        attrs: fn(u64) -> Vec<(&'static str, Attr)>,
+    ) -> BoxedStrategy<Case> {
+        let versions = if domain.is_empty() { since.max(7)..=22 } else { 1..=1 };
+        (float_dtype(), shape(0..=4), opset(versions), seed())
+            .prop_map(move |(t, s, v, seed)| {
+                let mut case = Case::domain_op(domain, op, v).input_with("x", t, &s, Values::Special);
+                for (k, a) in attrs(seed) {
+                    case = case.attr(k, a);
+                }
+                case.output("y", t, &s).with_seed(seed)
+            })
+            .boxed()
+    }
+
+    fn none(_: u64) -> Vec<(&'static str, Attr)> {
+        vec![]
+    }
+
+    fn alpha(seed: u64) -> Vec<(&'static str, Attr)> {
+        if seed.is_multiple_of(2) { vec![] } else { vec![("alpha", Attr::Float(0.3 + (seed % 7) as f32 * 0.25))] }
+    }
+
+    register_spec!("", "LeakyRelu", || act("", "LeakyRelu", 6, alpha));
+    register_spec!("", "Elu", || act("", "Elu", 6, alpha));
+    register_spec!("", "Selu", || act("", "Selu", 6, |seed| {
+        if seed % 2 == 0 { vec![] } else { vec![("alpha", Attr::Float(1.5)), ("gamma", Attr::Float(1.2))] }
+    }));
+    // ORT's CPU Celu takes float32 only.
+    register_spec!("", "Celu", || {
+        act("", "Celu", 12, alpha)
+            .prop_map(|mut c| {
+                c.inputs[0].dtype = conformance_spec::DType::F32;
+                c.outputs[0].1 = conformance_spec::DType::F32;
+                c
+            })
+            .boxed()
+    });
+    register_spec!("", "ThresholdedRelu", || act("", "ThresholdedRelu", 10, alpha));
+    register_spec!("", "Gelu", || act("", "Gelu", 20, |seed| {
+        if seed % 2 == 0 { vec![] } else { vec![("approximate", Attr::Str("tanh".into()))] }
+    }));
+    register_spec!("", "Mish", || act("", "Mish", 18, none));
+    register_spec!("", "HardSigmoid", || act("", "HardSigmoid", 6, |seed| {
+        if seed % 2 == 0 { vec![] } else { vec![("alpha", Attr::Float(0.3)), ("beta", Attr::Float(0.4))] }
+    }));
+    register_spec!("", "HardSwish", || act("", "HardSwish", 14, none));
+    register_spec!("", "Softplus", || act("", "Softplus", 1, none));
+    register_spec!("", "Softsign", || act("", "Softsign", 1, none));
+    register_spec!("com.microsoft", "QuickGelu", || act("com.microsoft", "QuickGelu", 1, alpha));
+    register_spec!("com.microsoft", "Gelu", || act("com.microsoft", "Gelu", 1, none));
+
+    register_spec!("", "PRelu", || {
+        (float_dtype(), broadcast_pair(1..=4), opset(9..=22), seed())
+            .prop_map(|(t, (x, slope, _), v, seed)| {
+                // The slope broadcasts to x (unidirectionally): keep only its trailing dims.
+                let slope: Vec<i64> = slope
+                    .iter()
+                    .zip(x.iter().skip(x.len().saturating_sub(slope.len())))
+                    .map(|(&sd, &xd)| if sd == xd { sd } else { 1 })
+                    .collect();
+                let slope = slope[slope.len().saturating_sub(x.len())..].to_vec();
+                Case::op("PRelu", v)
+                    .input_with("x", t, &x, Values::Special)
+                    .input("slope", t, &slope)
+                    .output("y", t, &x)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    fn biased(op: &'static str, bias: bool) -> BoxedStrategy<Case> {
+        (float_dtype(), nonempty_shape(1..=3), any::<bool>(), seed())
+            .prop_map(move |(t, s, with_bias, seed)| {
+                let last = *s.last().expect("rank >= 1");
+                let case = Case::domain_op("com.microsoft", op, 1).input("x", t, &s);
+                let case = if bias || with_bias { case.input("bias", t, &[last]) } else { case };
+                case.output("y", t, &s).with_seed(seed)
+            })
+            .boxed()
+    }
+
+    register_spec!("com.microsoft", "FastGelu", || biased("FastGelu", false));
+    register_spec!("com.microsoft", "BiasGelu", || biased("BiasGelu", true));
+}

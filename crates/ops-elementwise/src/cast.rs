@@ -1,0 +1,255 @@
+//! Type conversions and predicates: Cast, CastLike, IsNaN, IsInf, Not, BitwiseNot.
+
+use ep_core::lowering::{ALL_TYPES, FnLowering, INTS, require_input_type, require_inputs};
+use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result};
+
+/// Converts as ONNX's Cast does: floats to integers truncate toward zero (the caller keeps
+/// values in range), anything to bool is `x != 0` (NaN is true), bools to numbers are 0/1.
+pub fn cast(x: &Array, to: Dtype, s: &Stream) -> Result<Array> {
+    if x.dtype() == to {
+        return Ok(x.clone());
+    }
+    if to == Dtype::Bool {
+        let zero = ops::scalar(0.0, x.dtype(), s)?;
+        return Ok(ops::not_equal(x, &zero, s)?);
+    }
+    Ok(ops::astype(x, to, s)?)
+}
+
+/// The stream for a conversion between `a` and `b`: the CPU for float64 on either side.
+fn stream_for<'a>(ctx: &LowerCtx<'a>, a: Dtype, b: Dtype) -> &'a Stream {
+    if a == Dtype::F64 || b == Dtype::F64 { ctx.cpu_stream() } else { ctx.stream() }
+}
+
+fn target(node: &NodeInfo) -> std::result::Result<ElemType, String> {
+    let to = node.attr_int("to", -1)?;
+    Ok(ElemType::from_onnx(to as i32))
+}
+
+fn claim_cast(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_input_type(node, 0, ALL_TYPES)?;
+    let to = target(node)?;
+    if !ALL_TYPES.contains(&to) {
+        return Err(Decline(format!("Cast to {to:?} is not supported")));
+    }
+    Ok(())
+}
+
+fn lower_cast(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let to = target(node)?.to_mlx().ok_or("Cast target has no MLX type")?;
+    Ok(vec![cast(x, to, stream_for(ctx, x.dtype(), to))?])
+}
+
+ep_core::register_lowering!(
+    CAST = FnLowering {
+        domain: "",
+        op: "Cast",
+        opsets: 6..=i32::MAX,
+        claim: claim_cast,
+        lower: lower_cast,
+        safety: CompileSafety::Shapeless,
+    }
+);
+
+fn claim_cast_like(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 2, 2)?;
+    require_input_type(node, 0, ALL_TYPES)?;
+    require_input_type(node, 1, ALL_TYPES)
+}
+
+fn lower_cast_like(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let to = ctx.input(1)?.dtype();
+    Ok(vec![cast(x, to, stream_for(ctx, x.dtype(), to))?])
+}
+
+ep_core::register_lowering!(
+    CAST_LIKE = FnLowering {
+        domain: "",
+        op: "CastLike",
+        opsets: 15..=i32::MAX,
+        claim: claim_cast_like,
+        lower: lower_cast_like,
+        safety: CompileSafety::Shapeless,
+    }
+);
+
+const FLOATS64: &[ElemType] = &[ElemType::F32, ElemType::F16, ElemType::BF16, ElemType::F64];
+
+fn claim_float_predicate(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_input_type(node, 0, FLOATS64)
+}
+
+fn lower_isnan(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    Ok(vec![ops::isnan(x, ctx.stream_for(x.dtype()))?])
+}
+
+ep_core::register_lowering!(
+    IS_NAN = FnLowering {
+        domain: "",
+        op: "IsNaN",
+        opsets: 9..=i32::MAX,
+        claim: claim_float_predicate,
+        lower: lower_isnan,
+        safety: CompileSafety::Shapeless,
+    }
+);
+
+fn lower_isinf(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let s = ctx.stream_for(x.dtype());
+    let (pos, neg) = (node.attr_int("detect_positive", 1)? == 1, node.attr_int("detect_negative", 1)? == 1);
+    let y = match (pos, neg) {
+        (true, true) => ops::isinf(x, s)?,
+        (true, false) => ops::isposinf(x, s)?,
+        (false, true) => ops::isneginf(x, s)?,
+        (false, false) => {
+            ops::not_equal(x, x, s).and_then(|nan| ops::logical_and(&nan, &ops::logical_not(&nan, s)?, s))?
+        }
+    };
+    Ok(vec![y])
+}
+
+ep_core::register_lowering!(
+    IS_INF = FnLowering {
+        domain: "",
+        op: "IsInf",
+        opsets: 10..=i32::MAX,
+        claim: claim_float_predicate,
+        lower: lower_isinf,
+        safety: CompileSafety::Shapeless,
+    }
+);
+
+fn claim_not(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_input_type(node, 0, &[ElemType::Bool])
+}
+
+fn lower_not(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+    Ok(vec![ops::logical_not(ctx.input(0)?, ctx.stream())?])
+}
+
+ep_core::register_lowering!(
+    NOT = FnLowering {
+        domain: "",
+        op: "Not",
+        opsets: 1..=i32::MAX,
+        claim: claim_not,
+        lower: lower_not,
+        safety: CompileSafety::Shapeless,
+    }
+);
+
+fn claim_bitwise_not(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_input_type(node, 0, INTS)
+}
+
+fn lower_bitwise_not(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+    Ok(vec![ops::bitwise_invert(ctx.input(0)?, ctx.stream())?])
+}
+
+ep_core::register_lowering!(
+    BITWISE_NOT = FnLowering {
+        domain: "",
+        op: "BitwiseNot",
+        opsets: 18..=i32::MAX,
+        claim: claim_bitwise_not,
+        lower: lower_bitwise_not,
+        safety: CompileSafety::Shapeless,
+    }
+);
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, DType, Values, register_spec};
+
+    const CAST_TYPES: &[DType] =
+        &[DType::F32, DType::F16, DType::F64, DType::I8, DType::I32, DType::I64, DType::U8, DType::Bool];
+
+    /// Values both sides convert the same way: in range of every integer type of the pair,
+    /// without halves (rounding of float16) where a float narrows.
+    fn cast_values(from: DType, to: DType) -> Values {
+        match (from, to) {
+            (DType::Bool, _) => Values::Uniform { lo: 0.0, hi: 2.0 },
+            (f, t) if f.is_float() && (t.is_float() || t == DType::Bool) => Values::Special,
+            (f, DType::U8) if f.is_float() => Values::Uniform { lo: 0.0, hi: 250.0 },
+            (f, _) if f.is_float() => Values::Uniform { lo: -120.0, hi: 120.0 },
+            (DType::U8, _) => Values::Uniform { lo: 0.0, hi: 256.0 },
+            (_, DType::U8) => Values::Uniform { lo: 0.0, hi: 256.0 },
+            _ => Values::Uniform { lo: -128.0, hi: 128.0 },
+        }
+    }
+
+    register_spec!("", "Cast", || {
+        (select(CAST_TYPES), select(CAST_TYPES), shape(0..=3), opset(13..=22), seed())
+            .prop_map(|(from, to, s, v, seed)| {
+                Case::op("Cast", v)
+                    .input_with("x", from, &s, cast_values(from, to))
+                    .attr_int("to", to.onnx_code())
+                    .output("y", to, &s)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "CastLike", || {
+        (select(CAST_TYPES), select(CAST_TYPES), shape(0..=3), opset(15..=22), seed())
+            .prop_map(|(from, to, s, v, seed)| {
+                Case::op("CastLike", v)
+                    .input_with("x", from, &s, cast_values(from, to))
+                    .input("like", to, &[1])
+                    .output("y", to, &s)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "IsNaN", || {
+        (float_dtype(), shape(0..=3), opset(13..=22), seed())
+            .prop_map(|(t, s, v, seed)| {
+                Case::op("IsNaN", v)
+                    .input_with("x", t, &s, Values::Special)
+                    .output("y", DType::Bool, &s)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "IsInf", || {
+        (select(&[DType::F32, DType::F64][..]), shape(0..=3), any::<(bool, bool)>(), opset(10..=22), seed())
+            .prop_map(|(t, s, (pos, neg), v, seed)| {
+                Case::op("IsInf", v)
+                    .input_with("x", t, &s, Values::Special)
+                    .attr_int("detect_positive", pos as i64)
+                    .attr_int("detect_negative", neg as i64)
+                    .output("y", DType::Bool, &s)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "Not", || {
+        (shape(0..=4), opset(7..=22), seed())
+            .prop_map(|(s, v, seed)| Case::unary("Not", v, DType::Bool, &s).with_seed(seed))
+            .boxed()
+    });
+
+    register_spec!("", "BitwiseNot", || {
+        (select(&[DType::I32, DType::I64, DType::U8][..]), shape(0..=3), opset(18..=22), seed())
+            .prop_map(|(t, s, v, seed)| {
+                Case::op("BitwiseNot", v)
+                    .input_with("x", t, &s, Values::Uniform { lo: if t.is_signed() { -100.0 } else { 0.0 }, hi: 200.0 })
+                    .output("y", t, &s)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+}

@@ -1,0 +1,211 @@
+//! Gather, GatherElements, GatherND. Negative indices count from the end, as ONNX defines.
+
+use ep_core::lowering::{ALL_TYPES, FnLowering, normalize_axis, require_input_type, require_inputs};
+use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
+
+const INDEX_TYPES: &[ElemType] = &[ElemType::I64, ElemType::I32];
+
+fn claim_gather(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 2, 2)?;
+    require_input_type(node, 0, ALL_TYPES)?;
+    require_input_type(node, 1, INDEX_TYPES)
+}
+
+/// `idx + dim` where `idx < 0` (`dim` broadcasts against `idx`).
+fn wrap_negative(idx: &Array, dim: &Array, s: &Stream) -> Result<Array> {
+    let idx = ops::astype(idx, Dtype::I64, s)?;
+    let zero = ops::scalar(0.0, Dtype::I64, s)?;
+    let neg = ops::less(&idx, &zero, s)?;
+    Ok(ops::where_(&neg, &ops::add(&idx, dim, s)?, &idx, s)?)
+}
+
+fn lower_gather(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let (x, s) = (ctx.input(0)?, ctx.stream());
+    let axis = normalize_axis(node.attr_int("axis", 0)?, x.ndim())?;
+    let dim = ops::scalar(x.shape()[axis] as f64, Dtype::I64, s)?;
+    let idx = wrap_negative(ctx.input(1)?, &dim, s)?;
+    Ok(vec![ops::take(x, &idx, axis as i32, s)?])
+}
+
+ep_core::register_lowering!(
+    GATHER = FnLowering {
+        domain: "",
+        op: "Gather",
+        opsets: 1..=i32::MAX,
+        claim: claim_gather,
+        lower: lower_gather,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
+fn lower_gather_elements(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let (x, s) = (ctx.input(0)?, ctx.stream());
+    let idx = ctx.input(1)?;
+    let (xs, is) = (x.shape(), idx.shape());
+    if xs.len() != is.len() {
+        bail!("indices have rank {}, data rank {}", is.len(), xs.len());
+    }
+    let axis = normalize_axis(node.attr_int("axis", 0)?, xs.len())?;
+    // Indices may be smaller than the data on the other axes: only that part is read.
+    let mut hi = xs.clone();
+    for d in 0..xs.len() {
+        if d != axis {
+            if is[d] > xs[d] {
+                bail!("indices dim {d} ({}) exceeds the data's ({})", is[d], xs[d]);
+            }
+            hi[d] = is[d];
+        }
+    }
+    let part = if hi == xs { x.clone() } else { ops::slice(x, &vec![0; xs.len()], &hi, s)? };
+    let dim = ops::scalar(xs[axis] as f64, Dtype::I64, s)?;
+    let idx = wrap_negative(idx, &dim, s)?;
+    Ok(vec![ops::take_along_axis(&part, &idx, axis as i32, s)?])
+}
+
+ep_core::register_lowering!(
+    GATHER_ELEMENTS = FnLowering {
+        domain: "",
+        op: "GatherElements",
+        opsets: 11..=i32::MAX,
+        claim: claim_gather,
+        lower: lower_gather_elements,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
+fn lower_gather_nd(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let (x, s) = (ctx.input(0)?, ctx.stream());
+    let idx = ctx.input(1)?;
+    let (xs, is) = (x.shape(), idx.shape());
+    let b = node.attr_int("batch_dims", 0)? as usize;
+    let Some(&k) = is.last() else { bail!("indices are a scalar") };
+    let k = k as usize;
+    if is.len() < b + 1 || xs.len() < b + k || xs[..b] != is[..b] {
+        bail!("indices {is:?} do not fit data {xs:?} with batch_dims {b}");
+    }
+    let batch: i64 = xs[..b].iter().product();
+    let indexed: i64 = xs[b..b + k].iter().product();
+    let rest = &xs[b + k..];
+    // Row-major strides of the indexed dims, and their sizes for negative indices.
+    let mut strides = vec![1i64; k];
+    for j in (0..k.saturating_sub(1)).rev() {
+        strides[j] = strides[j + 1] * xs[b + j + 1];
+    }
+    let dims = Array::from_slice(&xs[b..b + k], &[k as i64])?;
+    let norm = wrap_negative(idx, &dims, s)?;
+    let flat = ops::sum_axes(&ops::multiply(&norm, &Array::from_slice(&strides, &[k as i64])?, s)?, &[-1], false, s)?;
+    // Each batch's rows start `indexed` rows further into the flattened data.
+    let flat = if b > 0 {
+        let mut bshape = is[..b].to_vec();
+        bshape.extend(std::iter::repeat_n(1, is.len() - 1 - b));
+        let offsets = ops::reshape(&ops::arange(0.0, batch as f64, 1.0, Dtype::I64, s)?, &bshape, s)?;
+        ops::add(&flat, &ops::multiply(&offsets, &ops::scalar(indexed as f64, Dtype::I64, s)?, s)?, s)?
+    } else {
+        flat
+    };
+    let mut data_shape = vec![batch * indexed];
+    data_shape.extend_from_slice(rest);
+    let data = ops::reshape(x, &data_shape, s)?;
+    Ok(vec![ops::take(&data, &flat, 0, s)?])
+}
+
+ep_core::register_lowering!(
+    GATHER_ND = FnLowering {
+        domain: "",
+        op: "GatherND",
+        opsets: 11..=i32::MAX,
+        claim: claim_gather,
+        lower: lower_gather_nd,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use crate::spec_util::*;
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, DType, Values, register_spec};
+
+    fn index_dtype() -> BoxedStrategy<DType> {
+        select(&[DType::I64, DType::I32][..]).boxed()
+    }
+
+    register_spec!("", "Gather", || {
+        (
+            any_dtype(),
+            nonempty_shape(1..=3),
+            shape(0..=2),
+            any::<prop::sample::Index>(),
+            index_dtype(),
+            opset(7..=22),
+            seed(),
+        )
+            .prop_map(|(t, s, is, pick, it, v, seed)| {
+                let axis = pick.index(s.len());
+                let d = s[axis] as f64;
+                let mut out = s[..axis].to_vec();
+                out.extend(&is);
+                out.extend(&s[axis + 1..]);
+                // Negative indices are defined from opset 11.
+                let lo = if v >= 11 { -d } else { 0.0 };
+                Case::op("Gather", v)
+                    .input("x", t, &s)
+                    .input_with("idx", it, &is, Values::Uniform { lo, hi: d })
+                    .attr_int("axis", axis as i64)
+                    .output("y", t, &out)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "GatherElements", || {
+        (
+            any_dtype(),
+            nonempty_shape(1..=3),
+            any::<prop::sample::Index>(),
+            collection::vec(0..=3i64, 3),
+            index_dtype(),
+            opset(11..=22),
+            seed(),
+        )
+            .prop_map(|(t, s, pick, extra, it, v, seed)| {
+                let axis = pick.index(s.len());
+                let is: Vec<i64> = s
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &d)| if i == axis { extra[i] } else { (d - extra[i] % 2).max(1) })
+                    .collect();
+                let d = s[axis] as f64;
+                Case::op("GatherElements", v)
+                    .input("x", t, &s)
+                    .input_with("idx", it, &is, Values::Uniform { lo: -d, hi: d })
+                    .attr_int("axis", axis as i64)
+                    .output("y", t, &is)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "GatherND", || {
+        (any_dtype(), nonempty_shape(1..=4), 0..=1usize, 1..=3usize, shape(0..=1), opset(12..=22), seed())
+            .prop_map(|(t, s, b, k, mid, v, seed)| {
+                let b = b.min(s.len() - 1);
+                let k = k.min(s.len() - b);
+                let mut is = s[..b].to_vec();
+                is.extend(&mid);
+                is.push(k as i64);
+                // Every index column stays within the smallest indexed dim, negative included.
+                let d = s[b..b + k].iter().copied().min().unwrap_or(1) as f64;
+                let mut out = is[..is.len() - 1].to_vec();
+                out.extend(&s[b + k..]);
+                Case::op("GatherND", v)
+                    .input("x", t, &s)
+                    .input_with("idx", DType::I64, &is, Values::Uniform { lo: -d, hi: d })
+                    .attr_int("batch_dims", b as i64)
+                    .output("y", t, &out)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+}

@@ -1,0 +1,164 @@
+//! Pad: constant, edge, reflect and wrap modes; negative pads crop.
+
+use ep_core::lowering::{ALL_TYPES, FnLowering, normalize_axis, require_input_type};
+use ep_core::mlx::{Array, ops};
+use ep_core::{AttrValue, CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
+
+fn mode(node: &NodeInfo) -> &str {
+    match node.attr("mode") {
+        Some(AttrValue::String(m)) => m.as_str(),
+        _ => "constant",
+    }
+}
+
+fn claim_pad(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_input_type(node, 0, ALL_TYPES)?;
+    require_input_type(node, 1, &[ElemType::I64])?;
+    require_input_type(node, 3, &[ElemType::I64, ElemType::I32])?;
+    match mode(node) {
+        "constant" | "edge" | "reflect" | "wrap" => Ok(()),
+        m => Err(Decline(format!("mode '{m}' is not supported"))),
+    }
+}
+
+/// The source index of each output position along an axis of size `n` padded by `(lo, hi)`.
+fn source_indices(n: i64, lo: i64, hi: i64, mode: &str) -> Result<Vec<i64>> {
+    (-lo..n + hi)
+        .map(|i| {
+            Ok(match mode {
+                "edge" => i.clamp(0, n - 1),
+                "wrap" => i.rem_euclid(n),
+                _ => {
+                    // reflect: mirror without repeating the edge, period 2(n - 1).
+                    if n == 1 {
+                        0
+                    } else {
+                        let p = 2 * (n - 1);
+                        let j = i.rem_euclid(p);
+                        if j < n { j } else { p - j }
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+fn lower_pad(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let shape = x.shape();
+    let r = shape.len();
+    let s = ctx.stream_for(x.dtype());
+    let (pads, value, axes) = if node.since_version >= 11 {
+        let value = match ctx.optional_input(2) {
+            Some(v) => Some(ops::reshape(v, &[], s)?),
+            None => None,
+        };
+        let axes = if ctx.optional_input(3).is_some() { Some(ctx.host_i64(3)?) } else { None };
+        (ctx.host_i64(1)?, value, axes)
+    } else {
+        let pads = node.attr_ints("pads")?.ok_or("Pad needs pads")?.to_vec();
+        let v = node.attr_float("value", 0.0)?;
+        (pads, Some(ops::scalar(v as f64, x.dtype(), s)?), None)
+    };
+    let axes: Vec<usize> = match axes {
+        Some(a) => a.iter().map(|&a| normalize_axis(a, r)).collect::<std::result::Result<_, _>>()?,
+        None => (0..r).collect(),
+    };
+    if pads.len() != 2 * axes.len() {
+        bail!("{} pads for {} axes", pads.len(), axes.len());
+    }
+    let (mut lo, mut hi) = (vec![0i64; r], vec![0i64; r]);
+    for (k, &a) in axes.iter().enumerate() {
+        lo[a] = pads[k];
+        hi[a] = pads[k + axes.len()];
+    }
+    // Negative pads crop first.
+    let start: Vec<i64> = lo.iter().map(|&p| (-p).max(0)).collect();
+    let stop: Vec<i64> = shape.iter().zip(&hi).map(|(&d, &p)| d + p.min(0)).collect();
+    if start.iter().zip(&stop).any(|(a, b)| a > b) {
+        bail!("pads crop more than the input has");
+    }
+    let mut y = ops::slice(x, &start, &stop, s)?;
+    let (lo, hi): (Vec<i64>, Vec<i64>) =
+        (lo.iter().map(|&p| p.max(0)).collect(), hi.iter().map(|&p| p.max(0)).collect());
+    let m = mode(node);
+    if m == "constant" {
+        let value = match value {
+            Some(v) => ops::astype(&v, x.dtype(), s)?,
+            None => ops::scalar(0.0, x.dtype(), s)?,
+        };
+        if lo.iter().chain(&hi).any(|&p| p > 0) {
+            y = ops::pad(&y, &lo, &hi, &value, "constant", s)?;
+        }
+        return Ok(vec![y]);
+    }
+    let cropped = y.shape();
+    for a in 0..r {
+        if lo[a] == 0 && hi[a] == 0 {
+            continue;
+        }
+        if cropped[a] == 0 {
+            bail!("cannot pad an empty axis in mode '{m}'");
+        }
+        let idx = source_indices(cropped[a], lo[a], hi[a], m)?;
+        let n = idx.len() as i64;
+        y = ops::take(&y, &Array::from_slice(&idx, &[n])?, a as i32, s)?;
+    }
+    Ok(vec![y])
+}
+
+ep_core::register_lowering!(
+    PAD = FnLowering {
+        domain: "",
+        op: "Pad",
+        opsets: 2..=i32::MAX,
+        claim: claim_pad,
+        lower: lower_pad,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, DType, Values, register_spec};
+
+    register_spec!("", "Pad", || {
+        let modes = select(&["constant", "edge", "reflect", "wrap"][..]);
+        (
+            select(&[DType::F32, DType::F64, DType::I32, DType::I64, DType::U8][..]),
+            nonempty_shape(1..=3),
+            collection::vec(-1..=3i64, 6),
+            modes,
+            any::<bool>(),
+            opset(11..=22),
+            seed(),
+        )
+            .prop_map(|(t, s, raw, mode, with_axes, v, seed)| {
+                let r = s.len();
+                // Wrap is defined from opset 19; reflect needs pads smaller than the dim.
+                let mode = if mode == "wrap" && v < 19 { "edge" } else { mode };
+                // ORT's reflect needs pads within the dim and no cropping.
+                let clampd = |p: i64, d: i64| if mode == "reflect" { p.min(d - 1).max(0) } else { p.max(-(d / 2)) };
+                let pads: Vec<i64> = (0..2 * r).map(|i| clampd(raw[i], s[i % r])).collect();
+                let out: Vec<i64> = (0..r).map(|a| s[a] + pads[a] + pads[a + r]).collect();
+                let case = Case::op("Pad", v).input("x", t, &s).constant_i64("pads", &pads);
+                let case = if mode == "constant" {
+                    let val = if t == DType::Bool { 1.0 } else { 2.5_f64.floor() };
+                    case.constant("value", t, &[], Values::Data(vec![val]))
+                } else if with_axes && v >= 18 {
+                    case.absent()
+                } else {
+                    case
+                };
+                let case = if with_axes && v >= 18 {
+                    let axes: Vec<i64> = (0..r as i64).collect();
+                    case.constant_i64("axes", &axes)
+                } else {
+                    case
+                };
+                case.attr_str("mode", mode).output("y", t, &out).with_seed(seed)
+            })
+            .boxed()
+    });
+}
