@@ -1,4 +1,5 @@
-//! Neural-network lowerings: MatMul, Gemm, Softmax.
+//! Neural-network lowerings: matrix products, convolutions, pooling, softmax forms, reductions,
+//! normalizations.
 //!
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`] and end it with
@@ -6,8 +7,14 @@
 //! `crates/plugin/registered-ops.txt` and give it a case in `crates/conformance/tests/ops.rs`.
 #![forbid(unsafe_code)]
 
+mod conv;
+mod dropout;
 mod matmul;
+mod norm;
+mod pool;
+mod reduce;
 mod softmax;
+mod window;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
 pub fn link() {}

@@ -1,14 +1,52 @@
-//! Softmax. Opset 13 on: along one axis (default -1). Opsets 1 to 12: the input is viewed as a
-//! 2-D matrix split at `axis` (default 1) and each row is normalised.
+//! Softmax, LogSoftmax and Hardmax. Opset 13 on: along one axis (default -1). Opsets 1 to 12: the
+//! input is viewed as a 2-D matrix split at `axis` (default 1) and each row is normalised.
 
 use ep_core::lowering::{FLOATS, require_input_rank, require_inputs, require_types};
-use ep_core::mlx::{Array, ops};
+use ep_core::mlx::{Array, Dtype, ops};
 use ep_core::{CompileSafety, Decline, Error, LowerCtx, Lowering, NodeInfo, Result};
 use std::ops::RangeInclusive;
 
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Softmax,
+    LogSoftmax,
+    Hardmax,
+}
+
 pub struct Softmax {
+    op: &'static str,
+    kind: Kind,
     /// Opsets before 13 flatten to 2-D around the axis.
     flattening: bool,
+}
+
+/// The op along one axis of `x`.
+fn apply(kind: Kind, x: &Array, axis: usize, s: &ep_core::mlx::Stream) -> Result<Array> {
+    let n = x.shape()[axis];
+    Ok(match kind {
+        Kind::Softmax if n == 1 => {
+            // One element per row: 1, or NaN for NaN/inf (as exp(x - max) gives). MLX 0.32.2's
+            // compiled CPU reduction crashed on a size-1 middle axis, so it is not reduced.
+            ops::add(&ops::subtract(x, x, s)?, &ops::astype(&Array::scalar_f32(1.0), x.dtype(), s)?, s)?
+        }
+        Kind::Softmax => ops::softmax(x, axis as i32, s)?,
+        Kind::LogSoftmax if n == 1 => ops::subtract(x, x, s)?,
+        Kind::LogSoftmax => {
+            // In float32 for half types: x - logsumexp(x).
+            let t = x.dtype();
+            let w = if t == Dtype::F32 || t == Dtype::F64 { x.clone() } else { ops::astype(x, Dtype::F32, s)? };
+            let lse = ops::logsumexp_axes(&w, &[axis as i32], true, s)?;
+            ops::astype(&ops::subtract(&w, &lse, s)?, t, s)?
+        }
+        Kind::Hardmax => {
+            // 1 at the first maximum of each row.
+            let idx = ops::argmax_axis(x, axis as i32, true, s)?;
+            let mut pos = vec![1i64; x.ndim()];
+            pos[axis] = n;
+            let range = ops::reshape(&ops::arange(0.0, n as f64, 1.0, Dtype::U32, s)?, &pos, s)?;
+            ops::astype(&ops::equal(&ops::astype(&idx, Dtype::U32, s)?, &range, s)?, x.dtype(), s)?
+        }
+    })
 }
 
 impl Softmax {
@@ -26,7 +64,7 @@ impl Softmax {
 
 impl Lowering for Softmax {
     fn op_type(&self) -> &'static str {
-        "Softmax"
+        self.op
     }
 
     fn opsets(&self) -> RangeInclusive<i32> {
@@ -47,21 +85,12 @@ impl Lowering for Softmax {
         let shape = x.shape();
         let axis = self.axis(node, shape.len()).map_err(Error::new)?;
         if !self.flattening {
-            if shape[axis] == 1 {
-                // One element per row: 1, or NaN for NaN/inf (as exp(x - max) gives). MLX 0.32.2's
-                // compiled CPU reduction crashed on a size-1 middle axis, so it is not reduced.
-                return Ok(vec![ops::add(
-                    &ops::subtract(x, x, s)?,
-                    &ops::astype(&Array::scalar_f32(1.0), x.dtype(), s)?,
-                    s,
-                )?]);
-            }
-            return Ok(vec![ops::softmax(x, axis as i32, s)?]);
+            return Ok(vec![apply(self.kind, x, axis, s)?]);
         }
         let rows: i64 = shape[..axis].iter().product();
         let cols: i64 = shape[axis..].iter().product();
         let flat = ops::reshape(x, &[rows, cols], s)?;
-        let y = ops::softmax(&flat, 1, s)?;
+        let y = apply(self.kind, &flat, 1, s)?;
         Ok(vec![ops::reshape(&y, &shape, s)?])
     }
 
@@ -75,8 +104,12 @@ impl Lowering for Softmax {
     }
 }
 
-ep_core::register_lowering!(SOFTMAX_2D = Softmax { flattening: true });
-ep_core::register_lowering!(SOFTMAX = Softmax { flattening: false });
+ep_core::register_lowering!(SOFTMAX_2D = Softmax { op: "Softmax", kind: Kind::Softmax, flattening: true });
+ep_core::register_lowering!(SOFTMAX = Softmax { op: "Softmax", kind: Kind::Softmax, flattening: false });
+ep_core::register_lowering!(LOG_SOFTMAX_2D = Softmax { op: "LogSoftmax", kind: Kind::LogSoftmax, flattening: true });
+ep_core::register_lowering!(LOG_SOFTMAX = Softmax { op: "LogSoftmax", kind: Kind::LogSoftmax, flattening: false });
+ep_core::register_lowering!(HARDMAX_2D = Softmax { op: "Hardmax", kind: Kind::Hardmax, flattening: true });
+ep_core::register_lowering!(HARDMAX = Softmax { op: "Hardmax", kind: Kind::Hardmax, flattening: false });
 
 #[cfg(feature = "conformance")]
 mod spec {
@@ -84,12 +117,12 @@ mod spec {
     use conformance_spec::{Case, Values, register_spec};
 
     /// Both definitions (opset < 13 flattens at `axis`, 13+ is per-axis), every axis.
-    fn softmax() -> BoxedStrategy<Case> {
+    fn softmax(op: &'static str) -> BoxedStrategy<Case> {
         (float_dtype(), nonempty_shape(1..=4), opset(7..=22), any::<prop::sample::Index>(), any::<bool>(), seed())
-            .prop_map(|(t, s, v, axis, default_axis, seed)| {
+            .prop_map(move |(t, s, v, axis, default_axis, seed)| {
                 let r = s.len() as i64;
                 let axis = axis.index(2 * s.len()) as i64 - r;
-                let case = Case::op("Softmax", v).input_with("x", t, &s, Values::Uniform { lo: -5.0, hi: 5.0 });
+                let case = Case::op(op, v).input_with("x", t, &s, Values::Uniform { lo: -5.0, hi: 5.0 });
                 // Before opset 13 the default axis is 1, which a 1-D input does not have.
                 let case = if default_axis && (v >= 13 || r >= 2) { case } else { case.attr_int("axis", axis) };
                 case.output("y", t, &s).with_seed(seed)
@@ -97,5 +130,7 @@ mod spec {
             .boxed()
     }
 
-    register_spec!("", "Softmax", softmax);
+    register_spec!("", "Softmax", || softmax("Softmax"));
+    register_spec!("", "LogSoftmax", || softmax("LogSoftmax"));
+    register_spec!("", "Hardmax", || softmax("Hardmax"));
 }

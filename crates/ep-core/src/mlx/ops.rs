@@ -231,14 +231,37 @@ pub fn clip(a: &Array, lo: Option<&Array>, hi: Option<&Array>, s: &Stream) -> Re
     Ok(out)
 }
 
+/// The axes of `axes` (negative count from the end) whose size is not 1, and the shape the
+/// result has without `keepdims`.
+fn reducible(a: &Array, axes: &[i32]) -> (Vec<c_int>, Vec<i64>) {
+    let shape = a.shape();
+    let r = shape.len() as i32;
+    let norm: Vec<i32> = axes.iter().map(|&d| if d < 0 { d + r } else { d }).collect();
+    let kept: Vec<c_int> = norm.iter().copied().filter(|&d| d >= 0 && d < r && shape[d as usize] != 1).map(|d| d as c_int).collect();
+    let dropped: Vec<i64> =
+        shape.iter().enumerate().filter(|(i, _)| !norm.contains(&(*i as i32))).map(|(_, &d)| d).collect();
+    (kept, dropped)
+}
+
 macro_rules! reduce_axes {
     ($($(#[$doc:meta])* $name:ident => $raw:ident;)*) => {$(
         $(#[$doc])*
+        ///
+        /// Size-1 axes are not handed to MLX (0.32.2's CPU reduction crashed on them): reducing
+        /// one leaves each element as it is.
         pub fn $name(a: &Array, axes: &[i32], keepdims: bool, s: &Stream) -> Result<Array> {
-            let axes: Vec<c_int> = axes.iter().map(|&d| d as c_int).collect();
-            let mut out = Array::empty();
-            // SAFETY: `axes` outlives the call.
-            check(unsafe { mlx_sys::$raw(&mut out.0, a.0, axes.as_ptr(), axes.len(), keepdims, s.0) })?;
+            let (axes, dropped) = reducible(a, axes);
+            let mut out = if axes.is_empty() {
+                a.clone()
+            } else {
+                let mut out = Array::empty();
+                // SAFETY: `axes` outlives the call.
+                check(unsafe { mlx_sys::$raw(&mut out.0, a.0, axes.as_ptr(), axes.len(), true, s.0) })?;
+                out
+            };
+            if !keepdims {
+                out = reshape(&out, &dropped, s)?;
+            }
             Ok(out)
         }
     )*};

@@ -1,0 +1,348 @@
+//! Normalizations: LayerNormalization (ONNX 17), SkipLayerNormalization
+//! (`com.microsoft`), BatchNormalization (inference), InstanceNormalization,
+//! GroupNormalization (18 and 21), LpNormalization. Statistics are computed in float32 for half
+//! types, as ORT's CPU EP does.
+
+use ep_core::lowering::{FLOATS, FnLowering, normalize_axis, require_input_type, require_inputs};
+use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
+
+const MS: &str = "com.microsoft";
+
+fn f32_of(x: &Array, s: &Stream) -> Result<Array> {
+    Ok(if x.dtype() == Dtype::F64 { x.clone() } else { ops::astype(x, Dtype::F32, s)? })
+}
+
+/// `(x - mean) / sqrt(var + eps)` over `axes` (kept as size-1 dims), with the mean and
+/// `1 / sqrt(var + eps)`.
+fn standardize(x: &Array, axes: &[i32], eps: f64, s: &Stream) -> Result<(Array, Array, Array)> {
+    let mean = ops::mean_axes(x, axes, true, s)?;
+    let centered = ops::subtract(x, &mean, s)?;
+    let var = ops::mean_axes(&ops::square(&centered, s)?, axes, true, s)?;
+    let inv = ops::rsqrt(&ops::add(&var, &ops::scalar(eps, var.dtype(), s)?, s)?, s)?;
+    Ok((ops::multiply(&centered, &inv, s)?, mean, inv))
+}
+
+fn claim_layer_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 2, 3)?;
+    for i in 0..3 {
+        require_input_type(node, i, FLOATS)?;
+    }
+    Ok(())
+}
+
+fn lower_layer_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let s = ctx.stream();
+    let r = x.ndim();
+    let axis = normalize_axis(node.attr_int("axis", -1)?, r)?;
+    let eps = node.attr_float("epsilon", 1e-5)? as f64;
+    let axes: Vec<i32> = (axis as i32..r as i32).collect();
+    let (y, mean, inv) = standardize(&f32_of(x, s)?, &axes, eps, s)?;
+    let mut y = ops::multiply(&y, &f32_of(ctx.input(1)?, s)?, s)?;
+    if let Some(b) = ctx.optional_input(2) {
+        y = ops::add(&y, &f32_of(b, s)?, s)?;
+    }
+    let mut outs = vec![ops::astype(&y, x.dtype(), s)?];
+    // Mean and InvStdDev, when asked for, in their declared type.
+    for (i, stat) in [(1, mean), (2, inv)] {
+        if let Some(o) = node.output(i) {
+            let t = o.elem_type.and_then(ElemType::to_mlx).unwrap_or(Dtype::F32);
+            outs.push(ops::astype(&stat, t, s)?);
+        } else if i < node.outputs.len() {
+            outs.push(stat);
+        }
+    }
+    Ok(outs)
+}
+
+ep_core::register_lowering!(LAYER_NORM = FnLowering {
+    domain: "",
+    op: "LayerNormalization",
+    opsets: 17..=i32::MAX,
+    claim: claim_layer_norm,
+    lower: lower_layer_norm,
+    safety: CompileSafety::Shapeless,
+});
+
+fn claim_skip_layer_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 3, 5)?;
+    for i in 0..5 {
+        require_input_type(node, i, FLOATS)?;
+    }
+    Ok(())
+}
+
+/// `LayerNorm(input + skip + bias)` over the last axis; outputs: the result, the mean and
+/// inverse standard deviation (float32), and the sum `input + skip + bias`.
+fn lower_skip_layer_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    let x = ctx.input(0)?;
+    let mut sum = ops::add(x, ctx.input(1)?, s)?;
+    if let Some(bias) = ctx.optional_input(4) {
+        sum = ops::add(&sum, bias, s)?;
+    }
+    let eps = node.attr_float("epsilon", 1e-12)? as f64;
+    let (y, mean, inv) = standardize(&f32_of(&sum, s)?, &[-1], eps, s)?;
+    let mut y = ops::multiply(&y, &f32_of(ctx.input(2)?, s)?, s)?;
+    if let Some(beta) = ctx.optional_input(3) {
+        y = ops::add(&y, &f32_of(beta, s)?, s)?;
+    }
+    Ok(vec![ops::astype(&y, x.dtype(), s)?, mean, inv, sum])
+}
+
+ep_core::register_lowering!(SKIP_LAYER_NORM = FnLowering {
+    domain: MS,
+    op: "SkipLayerNormalization",
+    opsets: 1..=i32::MAX,
+    claim: claim_skip_layer_norm,
+    lower: lower_skip_layer_norm,
+    safety: CompileSafety::Shapeless,
+});
+
+/// `[1, C, 1, ...]`: a per-channel parameter shaped to broadcast along axis 1 of rank `r`.
+fn per_channel(p: &Array, r: usize, s: &Stream) -> Result<Array> {
+    let mut shape = vec![1i64; r];
+    if r > 1 {
+        shape[1] = p.size() as i64;
+    } else {
+        shape[0] = p.size() as i64;
+    }
+    Ok(ops::reshape(&f32_of(p, s)?, &shape, s)?)
+}
+
+fn claim_batch_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 5, 5)?;
+    for i in 0..5 {
+        require_input_type(node, i, &[ElemType::F32, ElemType::F16, ElemType::BF16, ElemType::F64])?;
+    }
+    if node.attr_int("training_mode", 0)? != 0 {
+        return Err(Decline::new("training_mode=1 is not supported (inference only)"));
+    }
+    if node.outputs.iter().skip(1).any(Option::is_some) {
+        return Err(Decline::new("the running-statistics outputs (training) are not supported"));
+    }
+    Ok(())
+}
+
+fn lower_batch_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let s = ctx.stream_for(x.dtype());
+    let r = x.ndim();
+    let eps = node.attr_float("epsilon", 1e-5)? as f64;
+    let p = |i: usize| -> Result<Array> { per_channel(ctx.input(i)?, r, s) };
+    let (scale, bias, mean, var) = (p(1)?, p(2)?, p(3)?, p(4)?);
+    let inv = ops::rsqrt(&ops::add(&var, &ops::scalar(eps, var.dtype(), s)?, s)?, s)?;
+    let y = ops::multiply(&ops::subtract(&f32_of(x, s)?, &mean, s)?, &ops::multiply(&inv, &scale, s)?, s)?;
+    Ok(vec![ops::astype(&ops::add(&y, &bias, s)?, x.dtype(), s)?])
+}
+
+ep_core::register_lowering!(BATCH_NORM = FnLowering {
+    domain: "",
+    op: "BatchNormalization",
+    opsets: 7..=i32::MAX,
+    claim: claim_batch_norm,
+    lower: lower_batch_norm,
+    safety: CompileSafety::Shapeless,
+});
+
+fn claim_instance_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 3, 3)?;
+    for i in 0..3 {
+        require_input_type(node, i, FLOATS)?;
+    }
+    if ep_core::lowering::input_rank(node, 0).is_some_and(|r| r < 3) {
+        return Err(Decline::new("InstanceNormalization needs rank 3 or more"));
+    }
+    Ok(())
+}
+
+fn lower_instance_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let s = ctx.stream();
+    let r = x.ndim();
+    let eps = node.attr_float("epsilon", 1e-5)? as f64;
+    let axes: Vec<i32> = (2..r as i32).collect();
+    let (y, _, _) = standardize(&f32_of(x, s)?, &axes, eps, s)?;
+    let y = ops::add(&ops::multiply(&y, &per_channel(ctx.input(1)?, r, s)?, s)?, &per_channel(ctx.input(2)?, r, s)?, s)?;
+    Ok(vec![ops::astype(&y, x.dtype(), s)?])
+}
+
+ep_core::register_lowering!(INSTANCE_NORM = FnLowering {
+    domain: "",
+    op: "InstanceNormalization",
+    opsets: 6..=i32::MAX,
+    claim: claim_instance_norm,
+    lower: lower_instance_norm,
+    safety: CompileSafety::ShapeKeyed,
+});
+
+fn lower_group_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let s = ctx.stream();
+    let shape = x.shape();
+    let r = shape.len();
+    let g = node.attr_int("num_groups", 0)?;
+    let (n, c) = (shape[0], shape[1]);
+    if g <= 0 || c % g != 0 {
+        bail!("num_groups {g} does not divide {c} channels");
+    }
+    let eps = node.attr_float("epsilon", 1e-5)? as f64;
+    let grouped = ops::reshape(&f32_of(x, s)?, &[n, g, -1], s)?;
+    let (y, _, _) = standardize(&grouped, &[2], eps, s)?;
+    let y = ops::reshape(&y, &shape, s)?;
+    // Opset 21: scale and bias per channel; opset 18: per group.
+    let (scale, bias) = (ctx.input(1)?, ctx.input(2)?);
+    let (scale, bias) = if scale.size() as i64 == c {
+        (per_channel(scale, r, s)?, per_channel(bias, r, s)?)
+    } else {
+        let rep = |p: &Array| -> Result<Array> {
+            let p = ops::reshape(&f32_of(p, s)?, &[g, 1], s)?;
+            let p = ops::reshape(&ops::broadcast_to(&p, &[g, c / g], s)?, &[c], s)?;
+            per_channel(&p, r, s)
+        };
+        (rep(scale)?, rep(bias)?)
+    };
+    let y = ops::add(&ops::multiply(&y, &scale, s)?, &bias, s)?;
+    Ok(vec![ops::astype(&y, x.dtype(), s)?])
+}
+
+ep_core::register_lowering!(GROUP_NORM = FnLowering {
+    domain: "",
+    op: "GroupNormalization",
+    opsets: 18..=i32::MAX,
+    claim: claim_instance_norm,
+    lower: lower_group_norm,
+    safety: CompileSafety::ShapeKeyed,
+});
+
+fn claim_lp_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_input_type(node, 0, FLOATS)?;
+    match node.attr_int("p", 2)? {
+        1 | 2 => Ok(()),
+        p => Err(Decline(format!("p={p} is not 1 or 2"))),
+    }
+}
+
+fn lower_lp_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let s = ctx.stream();
+    let axis = normalize_axis(node.attr_int("axis", -1)?, x.ndim())? as i32;
+    let w = f32_of(x, s)?;
+    let norm = if node.attr_int("p", 2)? == 1 {
+        ops::sum_axes(&ops::abs(&w, s)?, &[axis], true, s)?
+    } else {
+        ops::sqrt(&ops::sum_axes(&ops::square(&w, s)?, &[axis], true, s)?, s)?
+    };
+    Ok(vec![ops::astype(&ops::divide(&w, &norm, s)?, x.dtype(), s)?])
+}
+
+ep_core::register_lowering!(LP_NORM = FnLowering {
+    domain: "",
+    op: "LpNormalization",
+    opsets: 1..=i32::MAX,
+    claim: claim_lp_norm,
+    lower: lower_lp_norm,
+    safety: CompileSafety::Shapeless,
+});
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, DType, register_spec};
+
+    fn layer_norm(domain: &'static str) -> BoxedStrategy<Case> {
+        (float_dtype(), nonempty_shape(1..=4), any::<prop::sample::Index>(), any::<(bool, bool)>(), seed())
+            .prop_map(move |(t, s, pick, (bias, neg), seed)| {
+                let r = s.len();
+                let axis = pick.index(r);
+                let norm_shape = s[axis..].to_vec();
+                let a = if neg { axis as i64 - r as i64 } else { axis as i64 };
+                let v = if domain.is_empty() { 17 } else { 1 };
+                let case = Case::domain_op(domain, "LayerNormalization", v).input("x", t, &s).input("scale", t, &norm_shape);
+                let case = if bias { case.input("bias", t, &norm_shape) } else { case };
+                case.attr_int("axis", a).attr_float("epsilon", 1e-3).output("y", t, &s).with_seed(seed)
+            })
+            .boxed()
+    }
+
+    register_spec!("", "LayerNormalization", || layer_norm(""));
+
+    register_spec!("com.microsoft", "SkipLayerNormalization", || {
+        (float_dtype(), 1..=2i64, 1..=4i64, 2..=8i64, any::<(bool, bool)>(), seed())
+            .prop_map(|(t, b, sq, h, (beta, bias), seed)| {
+                let case = Case::domain_op("com.microsoft", "SkipLayerNormalization", 1)
+                    .input("x", t, &[b, sq, h])
+                    .input("skip", t, &[b, sq, h])
+                    .input("gamma", t, &[h]);
+                let case = match (beta, bias) {
+                    (false, false) => case,
+                    (true, false) => case.input("beta", t, &[h]),
+                    (b, true) => {
+                        let case = if b { case.input("beta", t, &[h]) } else { case.absent() };
+                        case.input("bias", t, &[h])
+                    }
+                };
+                case.attr_float("epsilon", 1e-5).output("y", t, &[b, sq, h]).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "BatchNormalization", || {
+        (float_dtype(), nonempty_shape(2..=4), opset(9..=22), seed())
+            .prop_map(|(t, s, v, seed)| {
+                let c = s[1];
+                let positive = conformance_spec::Values::Uniform { lo: 0.2, hi: 2.0 };
+                let case = Case::op("BatchNormalization", v)
+                    .input("x", t, &s)
+                    .input("scale", t, &[c])
+                    .input("bias", t, &[c])
+                    .input("mean", t, &[c])
+                    .input_with("var", t, &[c], positive);
+                case.attr_float("epsilon", 1e-3).output("y", t, &s).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "InstanceNormalization", || {
+        (float_dtype(), nonempty_shape(3..=4), opset(7..=22), seed())
+            .prop_map(|(t, s, v, seed)| {
+                let c = s[1];
+                Case::op("InstanceNormalization", v)
+                    .input("x", t, &s)
+                    .input("scale", t, &[c])
+                    .input("bias", t, &[c])
+                    .attr_float("epsilon", 1e-3)
+                    .output("y", t, &s)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "GroupNormalization", || {
+        (select(&[DType::F32][..]), 1..=2i64, 1..=3i64, 1..=3i64, nonempty_shape(1..=2), opset(21..=22), seed())
+            .prop_map(|(t, n, g, per, spatial, v, seed)| {
+                let c = g * per;
+                let s = [vec![n, c], spatial].concat();
+                Case::op("GroupNormalization", v)
+                    .input("x", t, &s)
+                    .input("scale", t, &[c])
+                    .input("bias", t, &[c])
+                    .attr_int("num_groups", g)
+                    .attr_float("epsilon", 1e-3)
+                    .output("y", t, &s)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "LpNormalization", || {
+        (select(&[DType::F32][..]), nonempty_shape(1..=3), any::<prop::sample::Index>(), 1..=2i64, opset(7..=22), seed())
+            .prop_map(|(t, s, pick, p, v, seed)| {
+                let axis = pick.index(s.len()) as i64;
+                Case::op("LpNormalization", v).input("x", t, &s).attr_int("axis", axis).attr_int("p", p).output("y", t, &s).with_seed(seed)
+            })
+            .boxed()
+    });
+}

@@ -1,0 +1,239 @@
+//! Pooling: MaxPool, AveragePool, LpPool (strides, dilations, pads, `auto_pad`, `ceil_mode`,
+//! `count_include_pad`) as a strided window view reduced over its window axes, and the global
+//! forms (GlobalMaxPool, GlobalAveragePool, GlobalLpPool) as reductions over the spatial axes.
+
+use crate::window::Window;
+use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs};
+use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::{CompileSafety, Decline, LowerCtx, NodeInfo, Result};
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Max,
+    Average,
+    Lp,
+}
+
+fn claim_pool(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_input_type(node, 0, FLOATS)?;
+    if node.outputs.iter().skip(1).any(Option::is_some) {
+        return Err(Decline::new("the Indices output of MaxPool is not supported"));
+    }
+    if node.attr_int("storage_order", 0)? != 0 {
+        return Err(Decline::new("storage_order=1 is not supported"));
+    }
+    if node.attr_ints("kernel_shape")?.is_none() {
+        return Err(Decline::new("kernel_shape is required"));
+    }
+    match ep_core::lowering::input_rank(node, 0) {
+        Some(3..=5) => Ok(()),
+        r => Err(Decline(format!("input rank {r:?}: 1-D, 2-D and 3-D pools are supported"))),
+    }
+}
+
+/// The windows of a `[N, C, *spatial]` array padded per `w`: `[N, C, out1, k1, out2, k2, ...]`.
+/// Each spatial axis is gathered at host-computed tap positions `o * stride + t * dilation`
+/// (MLX 0.32.2 read overlapping strided views wrongly, so no `as_strided`).
+fn windows(x: &Array, w: &Window, pad_value: f64, s: &Stream) -> Result<Array> {
+    let shape = x.shape();
+    let k = shape.len() - 2;
+    let lo: Vec<i64> = [vec![0, 0], w.pad_lo.clone()].concat();
+    let hi: Vec<i64> = [vec![0, 0], w.pad_hi.iter().zip(&w.ceil_extra).map(|(a, b)| a + b).collect()].concat();
+    let mut y = if lo.iter().chain(&hi).any(|&p| p > 0) {
+        ops::pad(x, &lo, &hi, &ops::scalar(pad_value, x.dtype(), s)?, "constant", s)?
+    } else {
+        x.clone()
+    };
+    for i in 0..k {
+        // Axis 2 + 2i holds this spatial axis (earlier ones became (out, k) pairs).
+        let axis = 2 + 2 * i;
+        let taps: Vec<i64> = (0..w.out[i])
+            .flat_map(|o| (0..w.kernel[i]).map(move |t| o * w.strides[i] + t * w.dilations[i]))
+            .collect();
+        let idx = Array::from_slice(&taps, &[w.out[i], w.kernel[i]])?;
+        y = ops::take(&y, &idx, axis as i32, s)?;
+    }
+    Ok(y)
+}
+
+fn pool(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let s = ctx.stream();
+    let shape = x.shape();
+    let k = shape.len() - 2;
+    let kernel = node.attr_ints("kernel_shape")?.ok_or("kernel_shape is required")?.to_vec();
+    let ceil = node.attr_int("ceil_mode", 0)? == 1;
+    let w = Window::of(node, &shape[2..], kernel, ceil)?;
+    let axes: Vec<i32> = (0..k as i32).map(|i| 3 + 2 * i).collect();
+    let t = x.dtype();
+    let work = if t == Dtype::F32 { x.clone() } else { ops::astype(x, Dtype::F32, s)? };
+    let y = match kind {
+        Kind::Max => ops::max_axes(&windows(&work, &w, f64::NEG_INFINITY, s)?, &axes, false, s)?,
+        Kind::Lp => {
+            let p = node.attr_int("p", 2)? as f64;
+            let powered = ops::power(&ops::abs(&work, s)?, &ops::scalar(p, Dtype::F32, s)?, s)?;
+            let sum = ops::sum_axes(&windows(&powered, &w, 0.0, s)?, &axes, false, s)?;
+            ops::power(&sum, &ops::scalar(1.0 / p, Dtype::F32, s)?, s)?
+        }
+        Kind::Average => {
+            let sum = ops::sum_axes(&windows(&work, &w, 0.0, s)?, &axes, false, s)?;
+            // The divisor counts the window's input elements, and its explicit pads when
+            // count_include_pad=1 (never the extra end padding of ceil_mode): per axis on the
+            // host, multiplied across axes.
+            let include = node.attr_int("count_include_pad", 0)? == 1;
+            let mut counts: Option<Array> = None;
+            for i in 0..k {
+                let (lo, len) = if include { (0, shape[2 + i] + w.pad_lo[i] + w.pad_hi[i]) } else { (w.pad_lo[i], shape[2 + i]) };
+                let c: Vec<f32> = (0..w.out[i])
+                    .map(|o| {
+                        (0..w.kernel[i]).filter(|&t| (lo..lo + len).contains(&(o * w.strides[i] + t * w.dilations[i]))).count() as f32
+                    })
+                    .collect();
+                let mut cshape = vec![1i64; 2 + k];
+                cshape[2 + i] = w.out[i];
+                let c = Array::from_slice(&c, &cshape)?;
+                counts = Some(match counts {
+                    Some(acc) => ops::multiply(&acc, &c, s)?,
+                    None => c,
+                });
+            }
+            let counted = counts.ok_or("a pool needs a spatial axis")?;
+            ops::divide(&sum, &counted, s)?
+        }
+    };
+    Ok(vec![ops::astype(&y, t, s)?])
+}
+
+macro_rules! pools {
+    ($($name:ident: $op:expr, $since:expr, $kind:expr;)*) => {$(
+        ep_core::register_lowering!($name = FnLowering {
+            domain: "",
+            op: $op,
+            opsets: $since..=i32::MAX,
+            claim: claim_pool,
+            lower: |ctx, node| pool(ctx, node, $kind),
+            safety: CompileSafety::ShapeKeyed,
+        });
+    )*};
+}
+
+pools! {
+    MAX_POOL: "MaxPool", 1, Kind::Max;
+    AVERAGE_POOL: "AveragePool", 1, Kind::Average;
+    LP_POOL: "LpPool", 2, Kind::Lp;
+}
+
+fn claim_global(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_input_type(node, 0, FLOATS)?;
+    match ep_core::lowering::input_rank(node, 0) {
+        Some(r) if r >= 3 => Ok(()),
+        r => Err(Decline(format!("input rank {r:?}: needs spatial dims"))),
+    }
+}
+
+fn global(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let s = ctx.stream();
+    let axes: Vec<i32> = (2..x.ndim() as i32).collect();
+    let t = x.dtype();
+    let work = if t == Dtype::F32 { x.clone() } else { ops::astype(x, Dtype::F32, s)? };
+    let y = match kind {
+        Kind::Max => ops::max_axes(&work, &axes, true, s)?,
+        Kind::Average => ops::mean_axes(&work, &axes, true, s)?,
+        Kind::Lp => {
+            let p = node.attr_int("p", 2)? as f64;
+            let powered = ops::power(&ops::abs(&work, s)?, &ops::scalar(p, Dtype::F32, s)?, s)?;
+            ops::power(&ops::sum_axes(&powered, &axes, true, s)?, &ops::scalar(1.0 / p, Dtype::F32, s)?, s)?
+        }
+    };
+    Ok(vec![ops::astype(&y, t, s)?])
+}
+
+macro_rules! globals {
+    ($($name:ident: $op:expr, $kind:expr;)*) => {$(
+        ep_core::register_lowering!($name = FnLowering {
+            domain: "",
+            op: $op,
+            opsets: 1..=i32::MAX,
+            claim: claim_global,
+            lower: |ctx, node| global(ctx, node, $kind),
+            safety: CompileSafety::Shapeless,
+        });
+    )*};
+}
+
+globals! {
+    GLOBAL_MAX_POOL: "GlobalMaxPool", Kind::Max;
+    GLOBAL_AVERAGE_POOL: "GlobalAveragePool", Kind::Average;
+    GLOBAL_LP_POOL: "GlobalLpPool", Kind::Lp;
+}
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, DType, register_spec};
+
+    /// Output size of one axis, ONNX's rule (ceil mode drops a window starting in the end pad).
+    fn out_dim(i: i64, k: i64, s: i64, d: i64, lo: i64, hi: i64, ceil: bool) -> i64 {
+        let span = i + lo + hi - ((k - 1) * d + 1);
+        let mut o = if ceil { (span + s - 1) / s + 1 } else { span / s + 1 };
+        if ceil && (o - 1) * s >= i + lo {
+            o -= 1;
+        }
+        o
+    }
+
+    fn pool(op: &'static str) -> BoxedStrategy<Case> {
+        let geometry = (1..=3usize, 1..=3i64, 1..=2i64, 1..=2i64, 0..=1i64, any::<(bool, bool)>());
+        (select(&[DType::F32, DType::F32, DType::F16][..]), geometry, opset(12..=22), seed())
+            .prop_map(move |(t, (dims, k, stride, dil, pad, (ceil, include)), v, seed)| {
+                let dil = if op == "MaxPool" || v >= 19 { dil } else { 1 };
+                let dil = if op == "LpPool" { 1 } else { dil };
+                let ceil = ceil && op != "LpPool";
+                let spatial: Vec<i64> = (0..dims).map(|i| 5 + i as i64).collect();
+                // Pads stay below the kernel, as ORT requires.
+                let pad = pad.min(k - 1);
+                let x = [vec![1, 2], spatial.clone()].concat();
+                let mut out = vec![1, 2];
+                for &i in &spatial {
+                    out.push(out_dim(i, k, stride, dil, pad, pad, ceil));
+                }
+                let mut case = Case::op(op, v)
+                    .input("x", t, &x)
+                    .attr_ints("kernel_shape", &vec![k; dims])
+                    .attr_ints("strides", &vec![stride; dims])
+                    .attr_ints("pads", &vec![pad; 2 * dims]);
+                if dil > 1 {
+                    case = case.attr_ints("dilations", &vec![dil; dims]);
+                }
+                if ceil {
+                    case = case.attr_int("ceil_mode", 1);
+                }
+                if op == "AveragePool" && include {
+                    case = case.attr_int("count_include_pad", 1);
+                }
+                case.output("y", t, &out).with_seed(seed)
+            })
+            .boxed()
+    }
+
+    register_spec!("", "MaxPool", || pool("MaxPool"));
+    register_spec!("", "AveragePool", || pool("AveragePool"));
+    register_spec!("", "LpPool", || pool("LpPool"));
+
+    fn global(op: &'static str) -> BoxedStrategy<Case> {
+        // ORT's CPU EP has no GlobalLpPool of opset 22.
+        (float_dtype(), nonempty_shape(3..=5), opset(7..=21), seed())
+            .prop_map(move |(t, s, v, seed)| {
+                let out: Vec<i64> = s.iter().enumerate().map(|(i, &d)| if i < 2 { d } else { 1 }).collect();
+                Case::op(op, v).input("x", t, &s).output("y", t, &out).with_seed(seed)
+            })
+            .boxed()
+    }
+
+    register_spec!("", "GlobalMaxPool", || global("GlobalMaxPool"));
+    register_spec!("", "GlobalAveragePool", || global("GlobalAveragePool"));
+    register_spec!("", "GlobalLpPool", || global("GlobalLpPool"));
+}

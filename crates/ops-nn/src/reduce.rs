@@ -1,0 +1,176 @@
+//! Reductions: ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceProd, ReduceL1, ReduceL2,
+//! ReduceLogSum, ReduceLogSumExp, ReduceSumSquare. Axes come from the attribute (before opset
+//! 13 for ReduceSum, 18 for the others) or the optional input; `keepdims` and
+//! `noop_with_empty_axes` as ONNX defines them.
+
+use ep_core::lowering::{FnLowering, normalize_axis, require_input_type, require_inputs};
+use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result};
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    Prod,
+    L1,
+    L2,
+    LogSum,
+    LogSumExp,
+    SumSquare,
+}
+
+const TYPES: &[ElemType] =
+    &[ElemType::F32, ElemType::F16, ElemType::BF16, ElemType::F64, ElemType::I32, ElemType::I64, ElemType::U8, ElemType::I8];
+
+fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 2)?;
+    require_input_type(node, 0, TYPES)?;
+    require_input_type(node, 1, &[ElemType::I64])
+}
+
+/// The first opset whose axes are an input.
+fn axes_input_since(kind: Kind) -> i32 {
+    if kind == Kind::Sum { 13 } else { 18 }
+}
+
+fn reduce(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let shape = x.shape();
+    let r = shape.len();
+    let keep = node.attr_int("keepdims", 1)? == 1;
+    let axes: Option<Vec<i64>> = if node.since_version >= axes_input_since(kind) {
+        if ctx.optional_input(1).is_some() { Some(ctx.host_i64(1)?) } else { None }
+    } else {
+        node.attr_ints("axes")?.map(<[i64]>::to_vec)
+    };
+    // With noop_with_empty_axes nothing is reduced, but L1, L2, LogSum and SumSquare still
+    // apply their elementwise parts (as ORT's CPU EP does).
+    let axes = match axes {
+        Some(a) if !a.is_empty() => a,
+        _ if node.attr_int("noop_with_empty_axes", 0)? == 1 => Vec::new(),
+        _ => (0..r as i64).collect(),
+    };
+    let mut axes: Vec<usize> = axes.iter().map(|&a| normalize_axis(a, r)).collect::<std::result::Result<_, _>>()?;
+    axes.sort_unstable();
+    axes.dedup();
+    let dtype = x.dtype();
+    let s = ctx.stream_for(dtype);
+    // Half types accumulate in float32, as ORT's CPU EP does.
+    let work = if dtype == Dtype::F16 || dtype == Dtype::BF16 { ops::astype(x, Dtype::F32, s)? } else { x.clone() };
+    let pre = match kind {
+        Kind::L1 => ops::abs(&work, s)?,
+        Kind::L2 | Kind::SumSquare => ops::square(&work, s)?,
+        _ => work,
+    };
+    // Size-1 axes need no reduction (and MLX's compiled CPU reduction crashed on one): only the
+    // others are reduced; the size-1 ones are dropped by the final reshape when not kept.
+    let reduced: Vec<i32> = axes.iter().filter(|&&a| shape[a] != 1).map(|&a| a as i32).collect();
+    let y = if reduced.is_empty() {
+        pre
+    } else {
+        match kind {
+            Kind::Sum | Kind::L1 | Kind::L2 | Kind::SumSquare | Kind::LogSum => ops::sum_axes(&pre, &reduced, true, s)?,
+            Kind::Mean => ops::mean_axes(&pre, &reduced, true, s)?,
+            Kind::Max => ops::max_axes(&pre, &reduced, true, s)?,
+            Kind::Min => ops::min_axes(&pre, &reduced, true, s)?,
+            Kind::Prod => ops::prod_axes(&pre, &reduced, true, s)?,
+            Kind::LogSumExp => ops::logsumexp_axes(&pre, &reduced, true, s)?,
+        }
+    };
+    let y = match kind {
+        Kind::L2 => ops::sqrt(&y, s)?,
+        Kind::LogSum => ops::log(&y, s)?,
+        _ => y,
+    };
+    let out_shape: Vec<i64> = (0..r).filter_map(|d| if axes.contains(&d) { keep.then_some(1) } else { Some(shape[d]) }).collect();
+    let y = ops::reshape(&y, &out_shape, s)?;
+    Ok(vec![cast_back(&y, dtype, s)?])
+}
+
+/// Back to the input type (integer means truncate toward zero, as integer division does).
+fn cast_back(y: &Array, dtype: Dtype, s: &Stream) -> Result<Array> {
+    Ok(ops::astype(y, dtype, s)?)
+}
+
+macro_rules! reductions {
+    ($($name:ident: $op:expr, $kind:expr;)*) => {$(
+        ep_core::register_lowering!($name = FnLowering {
+            domain: "",
+            op: $op,
+            opsets: 1..=i32::MAX,
+            claim,
+            lower: |ctx, node| reduce(ctx, node, $kind),
+            safety: CompileSafety::ShapeKeyed,
+        });
+    )*};
+}
+
+reductions! {
+    REDUCE_SUM: "ReduceSum", Kind::Sum;
+    REDUCE_MEAN: "ReduceMean", Kind::Mean;
+    REDUCE_MAX: "ReduceMax", Kind::Max;
+    REDUCE_MIN: "ReduceMin", Kind::Min;
+    REDUCE_PROD: "ReduceProd", Kind::Prod;
+    REDUCE_L1: "ReduceL1", Kind::L1;
+    REDUCE_L2: "ReduceL2", Kind::L2;
+    REDUCE_LOG_SUM: "ReduceLogSum", Kind::LogSum;
+    REDUCE_LOG_SUM_EXP: "ReduceLogSumExp", Kind::LogSumExp;
+    REDUCE_SUM_SQUARE: "ReduceSumSquare", Kind::SumSquare;
+}
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, DType, Values, register_spec};
+
+    /// Axes as attribute or input (by opset), negative or not, keepdims, and the empty-axes
+    /// forms (reduce all, or `noop_with_empty_axes`).
+    fn reduction(op: &'static str, input_since: u32, types: &'static [DType], positive: bool) -> BoxedStrategy<Case> {
+        (select(types), nonempty_shape(1..=4), any::<u64>(), any::<(bool, bool)>(), 0..4u8, opset(11..=22), seed())
+            .prop_map(move |(t, s, pick, (keep, noop), form, v, seed)| {
+                let r = s.len();
+                let mut axes: Vec<i64> = (0..r as i64).filter(|i| pick >> i & 1 == 1).collect();
+                if form == 0 {
+                    axes.clear();
+                }
+                let neg = pick >> 10 & 1 == 1;
+                let written: Vec<i64> = axes.iter().map(|&a| if neg { a - r as i64 } else { a }).collect();
+                let vals = if positive { Values::Uniform { lo: 0.1, hi: 2.0 } } else if t.is_float() { Values::Uniform { lo: -2.0, hi: 2.0 } } else { Values::Uniform { lo: -9.0, hi: 9.0 } };
+                let mut case = Case::op(op, v).input_with("x", t, &s, vals);
+                let noop = noop && v >= input_since && axes.is_empty();
+                if v >= input_since {
+                    if !axes.is_empty() {
+                        case = case.constant_i64("axes", &written);
+                    }
+                    if noop {
+                        case = case.attr_int("noop_with_empty_axes", 1);
+                    }
+                } else if !axes.is_empty() {
+                    case = case.attr_ints("axes", &written);
+                }
+                let all: Vec<i64> = (0..r as i64).collect();
+                let reduced = if noop { vec![] } else if axes.is_empty() { all } else { axes };
+                let out: Vec<i64> = (0..r as i64)
+                    .filter_map(|d| if reduced.contains(&d) { keep.then_some(1) } else { Some(s[d as usize]) })
+                    .collect();
+                case.attr_int("keepdims", keep as i64).output("y", t, &out).with_seed(seed)
+            })
+            .boxed()
+    }
+
+    const FLOAT: &[DType] = &[DType::F32, DType::F32, DType::F16];
+    const NUM: &[DType] = &[DType::F32, DType::F32, DType::F16, DType::I32, DType::I64];
+
+    register_spec!("", "ReduceSum", || reduction("ReduceSum", 13, NUM, false));
+    register_spec!("", "ReduceMean", || reduction("ReduceMean", 18, FLOAT, false));
+    register_spec!("", "ReduceMax", || reduction("ReduceMax", 18, NUM, false));
+    register_spec!("", "ReduceMin", || reduction("ReduceMin", 18, NUM, false));
+    register_spec!("", "ReduceProd", || reduction("ReduceProd", 18, FLOAT, false));
+    register_spec!("", "ReduceL1", || reduction("ReduceL1", 18, FLOAT, false));
+    register_spec!("", "ReduceL2", || reduction("ReduceL2", 18, FLOAT, false));
+    register_spec!("", "ReduceLogSum", || reduction("ReduceLogSum", 18, FLOAT, true));
+    register_spec!("", "ReduceLogSumExp", || reduction("ReduceLogSumExp", 18, FLOAT, false));
+    register_spec!("", "ReduceSumSquare", || reduction("ReduceSumSquare", 18, FLOAT, false));
+}

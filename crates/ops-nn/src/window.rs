@@ -1,0 +1,80 @@
+//! Sliding-window geometry shared by Conv and the pools: strides, dilations, explicit pads,
+//! `auto_pad` and `ceil_mode`, as ONNX defines them.
+
+use ep_core::{AttrValue, NodeInfo, Result, bail};
+
+/// Where each window of one spatial axis starts and how the input is padded for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    pub kernel: Vec<i64>,
+    pub strides: Vec<i64>,
+    pub dilations: Vec<i64>,
+    pub pad_lo: Vec<i64>,
+    pub pad_hi: Vec<i64>,
+    /// Extra padding at the end for the last partial window of `ceil_mode` (never counted as
+    /// input by average pooling).
+    pub ceil_extra: Vec<i64>,
+    pub out: Vec<i64>,
+}
+
+fn ints_or(node: &NodeInfo, name: &str, n: usize, default: i64) -> Result<Vec<i64>> {
+    Ok(match node.attr_ints(name)? {
+        Some(v) if v.len() == n => v.to_vec(),
+        Some(v) => bail!("attribute {name} has {} values for {n} spatial axes", v.len()),
+        None => vec![default; n],
+    })
+}
+
+impl Window {
+    /// The geometry for `spatial` input dims and `kernel` (from the weight or `kernel_shape`).
+    pub fn of(node: &NodeInfo, spatial: &[i64], kernel: Vec<i64>, ceil_mode: bool) -> Result<Window> {
+        let n = spatial.len();
+        if kernel.len() != n {
+            bail!("kernel of rank {} for {n} spatial axes", kernel.len());
+        }
+        let strides = ints_or(node, "strides", n, 1)?;
+        let dilations = ints_or(node, "dilations", n, 1)?;
+        if strides.iter().chain(&dilations).chain(&kernel).any(|&v| v < 1) {
+            bail!("kernel, strides and dilations must be positive");
+        }
+        let auto = match node.attr("auto_pad") {
+            Some(AttrValue::String(s)) => s.as_str(),
+            _ => "NOTSET",
+        };
+        let (mut pad_lo, mut pad_hi) = (vec![0; n], vec![0; n]);
+        let mut out = vec![0; n];
+        let mut ceil_extra = vec![0; n];
+        for i in 0..n {
+            let eff = (kernel[i] - 1) * dilations[i] + 1;
+            match auto {
+                "SAME_UPPER" | "SAME_LOWER" => {
+                    let o = (spatial[i] + strides[i] - 1) / strides[i];
+                    let total = ((o - 1) * strides[i] + eff - spatial[i]).max(0);
+                    let small = total / 2;
+                    (pad_lo[i], pad_hi[i]) = if auto == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
+                    out[i] = o;
+                }
+                "VALID" => {
+                    out[i] = (spatial[i] - eff) / strides[i] + 1;
+                }
+                "NOTSET" => {
+                    let pads = ints_or(node, "pads", 2 * n, 0)?;
+                    (pad_lo[i], pad_hi[i]) = (pads[i], pads[i + n]);
+                    let span = spatial[i] + pad_lo[i] + pad_hi[i] - eff;
+                    out[i] = if ceil_mode { (span + strides[i] - 1) / strides[i] + 1 } else { span / strides[i] + 1 };
+                    // A last window that starts inside the end padding only is dropped.
+                    if ceil_mode && (out[i] - 1) * strides[i] >= spatial[i] + pad_lo[i] {
+                        out[i] -= 1;
+                    }
+                }
+                other => bail!("auto_pad '{other}' is not supported"),
+            }
+            if out[i] < 1 {
+                bail!("the window does not fit the input on spatial axis {i}");
+            }
+            let needed = (out[i] - 1) * strides[i] + eff;
+            ceil_extra[i] = (needed - (spatial[i] + pad_lo[i] + pad_hi[i])).max(0);
+        }
+        Ok(Window { kernel, strides, dilations, pad_lo, pad_hi, ceil_extra, out })
+    }
+}
