@@ -50,7 +50,12 @@ pub fn run(args: &[String]) -> Result {
     }
     if node_tests {
         let root = util::root();
-        let mut extra = vec!["--report".to_string(), root.join("docs/CONFORMANCE.md").display().to_string()];
+        let mut extra = vec![
+            "--report".to_string(),
+            root.join("docs/CONFORMANCE.md").display().to_string(),
+            "--property-json".to_string(),
+            property_json.display().to_string(),
+        ];
         let list = root.join(PASSING_LIST).display().to_string();
         extra.extend([if update { "--passing" } else { "--check-passing" }.to_string(), list]);
         node_suite(&extra)?;

@@ -1,11 +1,14 @@
-//! Attention and KV-cache lowerings: TensorScatter (the ONNX KV-cache update).
+//! Attention and KV-cache lowerings: Attention (ONNX 23/24), TensorScatter (the ONNX KV-cache
+//! update).
 //!
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`], end it with
 //! `ep_core::register_lowering!(NAME = Value);`, and add its `mod` line here. List it in
-//! `crates/plugin/registered-ops.txt` and give it a case in `crates/conformance/tests/ops.rs`.
+//! `crates/plugin/registered-ops.txt` and register its conformance spec next to it
+//! (`conformance_spec::register_spec!`, behind the `conformance` feature).
 #![forbid(unsafe_code)]
 
+mod attention;
 mod tensor_scatter;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.

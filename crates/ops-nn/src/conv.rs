@@ -41,10 +41,13 @@ fn lower_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     }
     let w = Window::of(node, &xs[2..], kernel, false)?;
     let perm = to_channels_last(r);
-    let weight = ctx.derived(1, "conv-weight-channels-last", |w, s| Ok(ops::transpose_axes(w, &to_channels_last(w.ndim()), s)?))?;
+    let weight = ctx
+        .derived(1, "conv-weight-channels-last", |w, s| Ok(ops::transpose_axes(w, &to_channels_last(w.ndim()), s)?))?;
     let input = ops::transpose_axes(x, &perm, s)?;
     let ones = vec![1; r - 2];
-    let conv = |x: &Array, k: &Array, g: i64| ops::conv_general(x, k, &w.strides, &w.pad_lo, &w.pad_hi, &w.dilations, &ones, g, s);
+    let conv = |x: &Array, k: &Array, g: i64| {
+        ops::conv_general(x, k, &w.strides, &w.pad_lo, &w.pad_hi, &w.dilations, &ones, g, s)
+    };
     let y = if groups > 1 && r == 5 {
         // MLX convolves groups in 1-D and 2-D only: a grouped 3-D convolution is one
         // convolution per group, concatenated along the channels.
@@ -71,14 +74,16 @@ fn lower_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     Ok(vec![y])
 }
 
-ep_core::register_lowering!(CONV = FnLowering {
-    domain: "",
-    op: "Conv",
-    opsets: 1..=i32::MAX,
-    claim: claim_conv,
-    lower: lower_conv,
-    safety: CompileSafety::ShapeKeyed,
-});
+ep_core::register_lowering!(
+    CONV = FnLowering {
+        domain: "",
+        op: "Conv",
+        opsets: 1..=i32::MAX,
+        claim: claim_conv,
+        lower: lower_conv,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
 
 #[cfg(feature = "conformance")]
 mod spec {
@@ -87,7 +92,15 @@ mod spec {
 
     register_spec!("", "Conv", || {
         let geometry = (1..=3usize, 1..=2i64, 1..=2i64, 1..=3i64, 1..=2i64, 1..=2i64, 0..=1i64);
-        (select(&[DType::F32, DType::F32, DType::F16][..]), geometry, 1..=2i64, 0..4u8, any::<bool>(), opset(11..=22), seed())
+        (
+            select(&[DType::F32, DType::F32, DType::F16][..]),
+            geometry,
+            1..=2i64,
+            0..4u8,
+            any::<bool>(),
+            opset(11..=22),
+            seed(),
+        )
             .prop_map(|(t, (dims, n, g, cpg, stride, dil, pad), m_per_g, auto, bias, v, seed)| {
                 // ORT's CPU Conv has no dilation with SAME padding.
                 let dil = if auto >= 2 { 1 } else { dil };
@@ -98,7 +111,8 @@ mod spec {
                 let x = [vec![n, c], spatial.clone()].concat();
                 let wshape = [vec![m, cpg], kernel.clone()].concat();
                 let unit = Values::Uniform { lo: -1.0, hi: 1.0 };
-                let mut case = Case::op("Conv", v).input_with("x", t, &x, unit.clone()).input_with("w", t, &wshape, unit.clone());
+                let mut case =
+                    Case::op("Conv", v).input_with("x", t, &x, unit.clone()).input_with("w", t, &wshape, unit.clone());
                 if bias {
                     case = case.input_with("b", t, &[m], unit);
                 }
@@ -111,7 +125,10 @@ mod spec {
                         _ => (spatial[i] + stride - 1) / stride,
                     });
                 }
-                case = case.attr_int("group", g).attr_ints("strides", &vec![stride; dims]).attr_ints("dilations", &vec![dil; dims]);
+                case = case
+                    .attr_int("group", g)
+                    .attr_ints("strides", &vec![stride; dims])
+                    .attr_ints("dilations", &vec![dil; dims]);
                 case = match auto {
                     0 => case.attr_ints("pads", &vec![pad; 2 * dims]),
                     1 => case.attr_str("auto_pad", "VALID"),

@@ -34,14 +34,16 @@ fn lower_dropout(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> 
     Ok(outs)
 }
 
-ep_core::register_lowering!(DROPOUT = FnLowering {
-    domain: "",
-    op: "Dropout",
-    opsets: 7..=i32::MAX,
-    claim: claim_dropout,
-    lower: lower_dropout,
-    safety: CompileSafety::ShapeKeyed,
-});
+ep_core::register_lowering!(
+    DROPOUT = FnLowering {
+        domain: "",
+        op: "Dropout",
+        opsets: 7..=i32::MAX,
+        claim: claim_dropout,
+        lower: lower_dropout,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
 
 #[cfg(feature = "conformance")]
 mod spec {
@@ -53,8 +55,12 @@ mod spec {
             .prop_map(|(t, s, (mask, ratio), v, seed)| {
                 let case = Case::op("Dropout", v).input("x", t, &s);
                 let case = if ratio {
-                    case.constant("ratio", DType::F32, &[], Values::Data(vec![0.5]))
-                        .constant("training_mode", DType::Bool, &[], Values::Data(vec![0.0]))
+                    case.constant("ratio", DType::F32, &[], Values::Data(vec![0.5])).constant(
+                        "training_mode",
+                        DType::Bool,
+                        &[],
+                        Values::Data(vec![0.0]),
+                    )
                 } else {
                     case
                 };

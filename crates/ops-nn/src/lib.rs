@@ -4,7 +4,8 @@
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`] and end it with
 //! `ep_core::register_lowering!(NAME = Value);`, then add its `mod` line below. List it in
-//! `crates/plugin/registered-ops.txt` and give it a case in `crates/conformance/tests/ops.rs`.
+//! `crates/plugin/registered-ops.txt` and register its conformance spec next to it
+//! (`conformance_spec::register_spec!`, behind the `conformance` feature).
 #![forbid(unsafe_code)]
 
 mod conv;

@@ -1,4 +1,4 @@
-//! Normalizations: LayerNormalization (ONNX 17), SkipLayerNormalization
+//! Normalizations: LayerNormalization (ONNX 17), RMSNormalization (23), SkipLayerNormalization
 //! (`com.microsoft`), BatchNormalization (inference), InstanceNormalization,
 //! GroupNormalization (18 and 21), LpNormalization. Statistics are computed in float32 for half
 //! types, as ORT's CPU EP does.
@@ -56,14 +56,50 @@ fn lower_layer_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
     Ok(outs)
 }
 
-ep_core::register_lowering!(LAYER_NORM = FnLowering {
-    domain: "",
-    op: "LayerNormalization",
-    opsets: 17..=i32::MAX,
-    claim: claim_layer_norm,
-    lower: lower_layer_norm,
-    safety: CompileSafety::Shapeless,
-});
+ep_core::register_lowering!(
+    LAYER_NORM = FnLowering {
+        domain: "",
+        op: "LayerNormalization",
+        opsets: 17..=i32::MAX,
+        claim: claim_layer_norm,
+        lower: lower_layer_norm,
+        safety: CompileSafety::Shapeless,
+    }
+);
+
+fn claim_rms_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 2, 2)?;
+    for i in 0..2 {
+        require_input_type(node, i, FLOATS)?;
+    }
+    Ok(())
+}
+
+/// `x / sqrt(mean(x^2) + eps) * scale` over the axes from `axis` on.
+fn lower_rms_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let s = ctx.stream();
+    let r = x.ndim();
+    let axis = normalize_axis(node.attr_int("axis", -1)?, r)?;
+    let eps = node.attr_float("epsilon", 1e-5)? as f64;
+    let axes: Vec<i32> = (axis as i32..r as i32).collect();
+    let w = f32_of(x, s)?;
+    let ms = ops::mean_axes(&ops::square(&w, s)?, &axes, true, s)?;
+    let inv = ops::rsqrt(&ops::add(&ms, &ops::scalar(eps, ms.dtype(), s)?, s)?, s)?;
+    let y = ops::multiply(&ops::multiply(&w, &inv, s)?, &f32_of(ctx.input(1)?, s)?, s)?;
+    Ok(vec![ops::astype(&y, x.dtype(), s)?])
+}
+
+ep_core::register_lowering!(
+    RMS_NORM = FnLowering {
+        domain: "",
+        op: "RMSNormalization",
+        opsets: 23..=i32::MAX,
+        claim: claim_rms_norm,
+        lower: lower_rms_norm,
+        safety: CompileSafety::Shapeless,
+    }
+);
 
 fn claim_skip_layer_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 3, 5)?;
@@ -91,14 +127,16 @@ fn lower_skip_layer_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<
     Ok(vec![ops::astype(&y, x.dtype(), s)?, mean, inv, sum])
 }
 
-ep_core::register_lowering!(SKIP_LAYER_NORM = FnLowering {
-    domain: MS,
-    op: "SkipLayerNormalization",
-    opsets: 1..=i32::MAX,
-    claim: claim_skip_layer_norm,
-    lower: lower_skip_layer_norm,
-    safety: CompileSafety::Shapeless,
-});
+ep_core::register_lowering!(
+    SKIP_LAYER_NORM = FnLowering {
+        domain: MS,
+        op: "SkipLayerNormalization",
+        opsets: 1..=i32::MAX,
+        claim: claim_skip_layer_norm,
+        lower: lower_skip_layer_norm,
+        safety: CompileSafety::Shapeless,
+    }
+);
 
 /// `[1, C, 1, ...]`: a per-channel parameter shaped to broadcast along axis 1 of rank `r`.
 fn per_channel(p: &Array, r: usize, s: &Stream) -> Result<Array> {
@@ -137,14 +175,16 @@ fn lower_batch_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
     Ok(vec![ops::astype(&ops::add(&y, &bias, s)?, x.dtype(), s)?])
 }
 
-ep_core::register_lowering!(BATCH_NORM = FnLowering {
-    domain: "",
-    op: "BatchNormalization",
-    opsets: 7..=i32::MAX,
-    claim: claim_batch_norm,
-    lower: lower_batch_norm,
-    safety: CompileSafety::Shapeless,
-});
+ep_core::register_lowering!(
+    BATCH_NORM = FnLowering {
+        domain: "",
+        op: "BatchNormalization",
+        opsets: 7..=i32::MAX,
+        claim: claim_batch_norm,
+        lower: lower_batch_norm,
+        safety: CompileSafety::Shapeless,
+    }
+);
 
 fn claim_instance_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 3, 3)?;
@@ -164,18 +204,21 @@ fn lower_instance_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Ar
     let eps = node.attr_float("epsilon", 1e-5)? as f64;
     let axes: Vec<i32> = (2..r as i32).collect();
     let (y, _, _) = standardize(&f32_of(x, s)?, &axes, eps, s)?;
-    let y = ops::add(&ops::multiply(&y, &per_channel(ctx.input(1)?, r, s)?, s)?, &per_channel(ctx.input(2)?, r, s)?, s)?;
+    let y =
+        ops::add(&ops::multiply(&y, &per_channel(ctx.input(1)?, r, s)?, s)?, &per_channel(ctx.input(2)?, r, s)?, s)?;
     Ok(vec![ops::astype(&y, x.dtype(), s)?])
 }
 
-ep_core::register_lowering!(INSTANCE_NORM = FnLowering {
-    domain: "",
-    op: "InstanceNormalization",
-    opsets: 6..=i32::MAX,
-    claim: claim_instance_norm,
-    lower: lower_instance_norm,
-    safety: CompileSafety::ShapeKeyed,
-});
+ep_core::register_lowering!(
+    INSTANCE_NORM = FnLowering {
+        domain: "",
+        op: "InstanceNormalization",
+        opsets: 6..=i32::MAX,
+        claim: claim_instance_norm,
+        lower: lower_instance_norm,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
 
 fn lower_group_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
@@ -207,14 +250,16 @@ fn lower_group_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
     Ok(vec![ops::astype(&y, x.dtype(), s)?])
 }
 
-ep_core::register_lowering!(GROUP_NORM = FnLowering {
-    domain: "",
-    op: "GroupNormalization",
-    opsets: 18..=i32::MAX,
-    claim: claim_instance_norm,
-    lower: lower_group_norm,
-    safety: CompileSafety::ShapeKeyed,
-});
+ep_core::register_lowering!(
+    GROUP_NORM = FnLowering {
+        domain: "",
+        op: "GroupNormalization",
+        opsets: 18..=i32::MAX,
+        claim: claim_instance_norm,
+        lower: lower_group_norm,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
 
 fn claim_lp_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 1, 1)?;
@@ -235,17 +280,22 @@ fn lower_lp_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> 
     } else {
         ops::sqrt(&ops::sum_axes(&ops::square(&w, s)?, &[axis], true, s)?, s)?
     };
-    Ok(vec![ops::astype(&ops::divide(&w, &norm, s)?, x.dtype(), s)?])
+    // A zero norm gives 0, as ONNX's reference does (not 0/0).
+    let zero = ops::scalar(0.0, norm.dtype(), s)?;
+    let y = ops::where_(&ops::equal(&norm, &zero, s)?, &zero, &ops::divide(&w, &norm, s)?, s)?;
+    Ok(vec![ops::astype(&y, x.dtype(), s)?])
 }
 
-ep_core::register_lowering!(LP_NORM = FnLowering {
-    domain: "",
-    op: "LpNormalization",
-    opsets: 1..=i32::MAX,
-    claim: claim_lp_norm,
-    lower: lower_lp_norm,
-    safety: CompileSafety::Shapeless,
-});
+ep_core::register_lowering!(
+    LP_NORM = FnLowering {
+        domain: "",
+        op: "LpNormalization",
+        opsets: 1..=i32::MAX,
+        claim: claim_lp_norm,
+        lower: lower_lp_norm,
+        safety: CompileSafety::Shapeless,
+    }
+);
 
 #[cfg(feature = "conformance")]
 mod spec {
@@ -260,7 +310,8 @@ mod spec {
                 let norm_shape = s[axis..].to_vec();
                 let a = if neg { axis as i64 - r as i64 } else { axis as i64 };
                 let v = if domain.is_empty() { 17 } else { 1 };
-                let case = Case::domain_op(domain, "LayerNormalization", v).input("x", t, &s).input("scale", t, &norm_shape);
+                let case =
+                    Case::domain_op(domain, "LayerNormalization", v).input("x", t, &s).input("scale", t, &norm_shape);
                 let case = if bias { case.input("bias", t, &norm_shape) } else { case };
                 case.attr_int("axis", a).attr_float("epsilon", 1e-3).output("y", t, &s).with_seed(seed)
             })
@@ -268,6 +319,20 @@ mod spec {
     }
 
     register_spec!("", "LayerNormalization", || layer_norm(""));
+
+    register_spec!("", "RMSNormalization", || {
+        (float_dtype(), nonempty_shape(1..=4), any::<prop::sample::Index>(), opset(23..=23), seed())
+            .prop_map(|(t, s, pick, v, seed)| {
+                let axis = pick.index(s.len());
+                Case::op("RMSNormalization", v)
+                    .input("x", t, &s)
+                    .input("scale", t, &s[axis..])
+                    .attr_int("axis", axis as i64)
+                    .output("y", t, &s)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
 
     register_spec!("com.microsoft", "SkipLayerNormalization", || {
         (float_dtype(), 1..=2i64, 1..=4i64, 2..=8i64, any::<(bool, bool)>(), seed())
@@ -338,10 +403,22 @@ mod spec {
     });
 
     register_spec!("", "LpNormalization", || {
-        (select(&[DType::F32][..]), nonempty_shape(1..=3), any::<prop::sample::Index>(), 1..=2i64, opset(7..=22), seed())
+        (
+            select(&[DType::F32][..]),
+            nonempty_shape(1..=3),
+            any::<prop::sample::Index>(),
+            1..=2i64,
+            opset(7..=22),
+            seed(),
+        )
             .prop_map(|(t, s, pick, p, v, seed)| {
                 let axis = pick.index(s.len()) as i64;
-                Case::op("LpNormalization", v).input("x", t, &s).attr_int("axis", axis).attr_int("p", p).output("y", t, &s).with_seed(seed)
+                Case::op("LpNormalization", v)
+                    .input("x", t, &s)
+                    .attr_int("axis", axis)
+                    .attr_int("p", p)
+                    .output("y", t, &s)
+                    .with_seed(seed)
             })
             .boxed()
     });

@@ -48,9 +48,8 @@ fn windows(x: &Array, w: &Window, pad_value: f64, s: &Stream) -> Result<Array> {
     for i in 0..k {
         // Axis 2 + 2i holds this spatial axis (earlier ones became (out, k) pairs).
         let axis = 2 + 2 * i;
-        let taps: Vec<i64> = (0..w.out[i])
-            .flat_map(|o| (0..w.kernel[i]).map(move |t| o * w.strides[i] + t * w.dilations[i]))
-            .collect();
+        let taps: Vec<i64> =
+            (0..w.out[i]).flat_map(|o| (0..w.kernel[i]).map(move |t| o * w.strides[i] + t * w.dilations[i])).collect();
         let idx = Array::from_slice(&taps, &[w.out[i], w.kernel[i]])?;
         y = ops::take(&y, &idx, axis as i32, s)?;
     }
@@ -84,10 +83,13 @@ fn pool(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Array
             let include = node.attr_int("count_include_pad", 0)? == 1;
             let mut counts: Option<Array> = None;
             for i in 0..k {
-                let (lo, len) = if include { (0, shape[2 + i] + w.pad_lo[i] + w.pad_hi[i]) } else { (w.pad_lo[i], shape[2 + i]) };
+                let (lo, len) =
+                    if include { (0, shape[2 + i] + w.pad_lo[i] + w.pad_hi[i]) } else { (w.pad_lo[i], shape[2 + i]) };
                 let c: Vec<f32> = (0..w.out[i])
                     .map(|o| {
-                        (0..w.kernel[i]).filter(|&t| (lo..lo + len).contains(&(o * w.strides[i] + t * w.dilations[i]))).count() as f32
+                        (0..w.kernel[i])
+                            .filter(|&t| (lo..lo + len).contains(&(o * w.strides[i] + t * w.dilations[i])))
+                            .count() as f32
                     })
                     .collect();
                 let mut cshape = vec![1i64; 2 + k];

@@ -21,8 +21,16 @@ enum Kind {
     SumSquare,
 }
 
-const TYPES: &[ElemType] =
-    &[ElemType::F32, ElemType::F16, ElemType::BF16, ElemType::F64, ElemType::I32, ElemType::I64, ElemType::U8, ElemType::I8];
+const TYPES: &[ElemType] = &[
+    ElemType::F32,
+    ElemType::F16,
+    ElemType::BF16,
+    ElemType::F64,
+    ElemType::I32,
+    ElemType::I64,
+    ElemType::U8,
+    ElemType::I8,
+];
 
 fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 1, 2)?;
@@ -57,6 +65,20 @@ fn reduce(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Arr
     axes.dedup();
     let dtype = x.dtype();
     let s = ctx.stream_for(dtype);
+    let out_shape: Vec<i64> =
+        (0..r).filter_map(|d| if axes.contains(&d) { keep.then_some(1) } else { Some(shape[d]) }).collect();
+    if axes.iter().any(|&a| shape[a] == 0) {
+        // The reduction of an empty set is the operation's identity (ONNX 18's definition).
+        let identity = match kind {
+            Kind::Sum | Kind::L1 | Kind::L2 | Kind::SumSquare => 0.0,
+            Kind::Prod => 1.0,
+            Kind::Max | Kind::LogSum | Kind::LogSumExp => f64::NEG_INFINITY,
+            Kind::Min => f64::INFINITY,
+            Kind::Mean => f64::NAN,
+        };
+        let value = ops::astype(&Array::from_slice(&[identity], &[])?, dtype, ctx.cpu_stream())?;
+        return Ok(vec![ops::full(&out_shape, &value, dtype, s)?]);
+    }
     // Half types accumulate in float32, as ORT's CPU EP does.
     let work = if dtype == Dtype::F16 || dtype == Dtype::BF16 { ops::astype(x, Dtype::F32, s)? } else { x.clone() };
     let pre = match kind {
@@ -84,7 +106,8 @@ fn reduce(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Arr
         Kind::LogSum => ops::log(&y, s)?,
         _ => y,
     };
-    let out_shape: Vec<i64> = (0..r).filter_map(|d| if axes.contains(&d) { keep.then_some(1) } else { Some(shape[d]) }).collect();
+    let out_shape: Vec<i64> =
+        (0..r).filter_map(|d| if axes.contains(&d) { keep.then_some(1) } else { Some(shape[d]) }).collect();
     let y = ops::reshape(&y, &out_shape, s)?;
     Ok(vec![cast_back(&y, dtype, s)?])
 }
@@ -137,7 +160,13 @@ mod spec {
                 }
                 let neg = pick >> 10 & 1 == 1;
                 let written: Vec<i64> = axes.iter().map(|&a| if neg { a - r as i64 } else { a }).collect();
-                let vals = if positive { Values::Uniform { lo: 0.1, hi: 2.0 } } else if t.is_float() { Values::Uniform { lo: -2.0, hi: 2.0 } } else { Values::Uniform { lo: -9.0, hi: 9.0 } };
+                let vals = if positive {
+                    Values::Uniform { lo: 0.1, hi: 2.0 }
+                } else if t.is_float() {
+                    Values::Uniform { lo: -2.0, hi: 2.0 }
+                } else {
+                    Values::Uniform { lo: -9.0, hi: 9.0 }
+                };
                 let mut case = Case::op(op, v).input_with("x", t, &s, vals);
                 let noop = noop && v >= input_since && axes.is_empty();
                 if v >= input_since {
@@ -151,7 +180,13 @@ mod spec {
                     case = case.attr_ints("axes", &written);
                 }
                 let all: Vec<i64> = (0..r as i64).collect();
-                let reduced = if noop { vec![] } else if axes.is_empty() { all } else { axes };
+                let reduced = if noop {
+                    vec![]
+                } else if axes.is_empty() {
+                    all
+                } else {
+                    axes
+                };
                 let out: Vec<i64> = (0..r as i64)
                     .filter_map(|d| if reduced.contains(&d) { keep.then_some(1) } else { Some(s[d as usize]) })
                     .collect();

@@ -51,7 +51,8 @@ impl Window {
                     let o = (spatial[i] + strides[i] - 1) / strides[i];
                     let total = ((o - 1) * strides[i] + eff - spatial[i]).max(0);
                     let small = total / 2;
-                    (pad_lo[i], pad_hi[i]) = if auto == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
+                    (pad_lo[i], pad_hi[i]) =
+                        if auto == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
                     out[i] = o;
                 }
                 "VALID" => {

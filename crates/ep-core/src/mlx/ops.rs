@@ -237,7 +237,8 @@ fn reducible(a: &Array, axes: &[i32]) -> (Vec<c_int>, Vec<i64>) {
     let shape = a.shape();
     let r = shape.len() as i32;
     let norm: Vec<i32> = axes.iter().map(|&d| if d < 0 { d + r } else { d }).collect();
-    let kept: Vec<c_int> = norm.iter().copied().filter(|&d| d >= 0 && d < r && shape[d as usize] != 1).map(|d| d as c_int).collect();
+    let kept: Vec<c_int> =
+        norm.iter().copied().filter(|&d| d >= 0 && d < r && shape[d as usize] != 1).map(|d| d as c_int).collect();
     let dropped: Vec<i64> =
         shape.iter().enumerate().filter(|(i, _)| !norm.contains(&(*i as i32))).map(|(_, &d)| d).collect();
     (kept, dropped)

@@ -1,0 +1,238 @@
+//! ONNX Attention (opsets 23 and 24): 3-D or 4-D Q/K/V, grouped heads (GQA), past K/V
+//! concatenated into present K/V, boolean or additive masks (padded to the total length),
+//! causal masking aligned to the end of the past, `nonpad_kv_seqlen` (24), `scale`, `softcap`,
+//! and the optional scaled-QK output (mode 0; other modes are left to the CPU EP). Rows whose keys are all masked give 0, as the
+//! ONNX reference does. Scores are computed in float32 for half types.
+
+use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs};
+use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
+
+fn claim_attention(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 3, 7)?;
+    for i in [0, 1, 2, 4, 5] {
+        require_input_type(node, i, FLOATS)?;
+    }
+    require_input_type(node, 3, &[ElemType::Bool, ElemType::F32, ElemType::F16, ElemType::BF16])?;
+    require_input_type(node, 6, &[ElemType::I64])?;
+    if node.input(4).is_some() != node.input(5).is_some() {
+        return Err(Decline::new("past_key and past_value must come together"));
+    }
+    let rank = ep_core::lowering::input_rank(node, 0);
+    if !matches!(rank, Some(3 | 4)) {
+        return Err(Decline(format!("Q has rank {rank:?}; 3 or 4 is supported")));
+    }
+    if rank == Some(3) && (node.attr("q_num_heads").is_none() || node.attr("kv_num_heads").is_none()) {
+        return Err(Decline::new("3-D inputs need q_num_heads and kv_num_heads"));
+    }
+    let mode = node.attr_int("qk_matmul_output_mode", 0)?;
+    if node.output(3).is_some() && mode != 0 {
+        // ORT's CPU EP (the reference we are checked against) returns the scaled QK for the
+        // other modes too, unlike the ONNX definition: the node is left to it.
+        return Err(Decline(format!("qk_matmul_output_mode={mode} with the QK output is left to the CPU EP")));
+    }
+    Ok(())
+}
+
+/// `[B, S, heads * H]` to `[B, heads, S, H]`.
+fn split_heads(x: &Array, heads: i64, s: &Stream) -> Result<Array> {
+    let sh = x.shape();
+    let t = ops::reshape(x, &[sh[0], sh[1], heads, sh[2] / heads], s)?;
+    Ok(ops::transpose_axes(&t, &[0, 2, 1, 3], s)?)
+}
+
+/// `[B, kv_heads, S, H]` with each head repeated `reps` times in place (NumPy `repeat`).
+fn repeat_heads(x: &Array, reps: i64, s: &Stream) -> Result<Array> {
+    if reps == 1 {
+        return Ok(x.clone());
+    }
+    let sh = x.shape();
+    let t = ops::broadcast_to(&ops::expand_dims(x, 2, s)?, &[sh[0], sh[1], reps, sh[2], sh[3]], s)?;
+    Ok(ops::reshape(&t, &[sh[0], sh[1] * reps, sh[2], sh[3]], s)?)
+}
+
+fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    let q_in = ctx.input(0)?;
+    let dtype = q_in.dtype();
+    let three_d = q_in.ndim() == 3;
+    let f32 = |a: &Array| -> Result<Array> { Ok(ops::astype(a, Dtype::F32, s)?) };
+    let (mut q, mut k, mut v) = (f32(q_in)?, f32(ctx.input(1)?)?, f32(ctx.input(2)?)?);
+    if three_d {
+        let (qh, kvh) = (node.attr_int("q_num_heads", 0)?, node.attr_int("kv_num_heads", 0)?);
+        if qh <= 0 || kvh <= 0 {
+            bail!("q_num_heads and kv_num_heads must be positive");
+        }
+        q = split_heads(&q, qh, s)?;
+        k = split_heads(&k, kvh, s)?;
+        v = split_heads(&v, kvh, s)?;
+    }
+    let past_len = ctx.optional_input(4).map(|p| p.shape()[2]).unwrap_or(0);
+    if let (Some(pk), Some(pv)) = (ctx.optional_input(4), ctx.optional_input(5)) {
+        k = ops::concatenate(&[f32(pk)?, k], 2, s)?;
+        v = ops::concatenate(&[f32(pv)?, v], 2, s)?;
+    }
+    let (present_k, present_v) = (k.clone(), v.clone());
+    let (qs, ks) = (q.shape(), k.shape());
+    let (batch, q_heads, q_len, head) = (qs[0], qs[1], qs[2], qs[3]);
+    let (kv_heads, total) = (ks[1], ks[2]);
+    if q_heads % kv_heads != 0 {
+        bail!("{q_heads} query heads are not a multiple of {kv_heads} key/value heads");
+    }
+    let scale = match node.attr("scale") {
+        Some(ep_core::AttrValue::Float(f)) => *f as f64,
+        _ => 1.0 / (head as f64).sqrt(),
+    };
+    let reps = q_heads / kv_heads;
+    let (kr, vr) = (repeat_heads(&k, reps, s)?, repeat_heads(&v, reps, s)?);
+    let kt = ops::transpose_axes(&kr, &[0, 1, 3, 2], s)?;
+    let scores = ops::multiply(&ops::matmul(&q, &kt, s)?, &ops::scalar(scale, Dtype::F32, s)?, s)?;
+    // The additive bias: the mask (boolean: -inf where false; padded with masked keys up to
+    // the total length), the causal frontier (query i sees keys j <= i + offset), and the
+    // per-batch padding of opset 24's nonpad_kv_seqlen.
+    let neg_inf = ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?;
+    let zero = ops::scalar(0.0, Dtype::F32, s)?;
+    let mut bias: Option<Array> = None;
+    let mut add_bias = |b: Array| -> Result<()> {
+        bias = Some(match bias.take() {
+            Some(acc) => ops::add(&acc, &b, s)?,
+            None => b,
+        });
+        Ok(())
+    };
+    if let Some(mask) = ctx.optional_input(3) {
+        let mut m = if mask.dtype() == Dtype::Bool { ops::where_(mask, &zero, &neg_inf, s)? } else { f32(mask)? };
+        let ms = m.shape();
+        let last = *ms.last().unwrap_or(&total);
+        if last < total {
+            let mut lo = vec![0i64; ms.len()];
+            let mut hi = vec![0i64; ms.len()];
+            hi[ms.len() - 1] = total - last;
+            lo.fill(0);
+            m = ops::pad(&m, &lo, &hi, &neg_inf, "constant", s)?;
+        }
+        add_bias(m)?;
+    }
+    let nonpad = if ctx.optional_input(6).is_some() { Some(ctx.input(6)?.clone()) } else { None };
+    if node.attr_int("is_causal", 0)? == 1 {
+        let i = ops::reshape(&ops::arange(0.0, q_len as f64, 1.0, Dtype::I64, s)?, &[q_len, 1], s)?;
+        let j = ops::reshape(&ops::arange(0.0, total as f64, 1.0, Dtype::I64, s)?, &[1, total], s)?;
+        let allowed = match (&nonpad, past_len) {
+            (Some(n), 0) => {
+                // Per batch: offset = nonpad[b] - q_len.
+                let off = ops::reshape(
+                    &ops::subtract(&ops::astype(n, Dtype::I64, s)?, &ops::scalar(q_len as f64, Dtype::I64, s)?, s)?,
+                    &[batch, 1, 1, 1],
+                    s,
+                )?;
+                ops::less_equal(&j, &ops::add(&i, &off, s)?, s)?
+            }
+            _ => ops::less_equal(&j, &ops::add(&i, &ops::scalar(past_len as f64, Dtype::I64, s)?, s)?, s)?,
+        };
+        add_bias(ops::where_(&allowed, &zero, &neg_inf, s)?)?;
+    }
+    if let Some(n) = &nonpad {
+        let j = ops::reshape(&ops::arange(0.0, total as f64, 1.0, Dtype::I64, s)?, &[1, 1, 1, total], s)?;
+        let n = ops::reshape(&ops::astype(n, Dtype::I64, s)?, &[batch, 1, 1, 1], s)?;
+        add_bias(ops::where_(&ops::less(&j, &n, s)?, &zero, &neg_inf, s)?)?;
+    }
+    // The order ORT and the ONNX reference share: scaled QK, the softcap, then the bias (so a
+    // masked score stays -inf), then the softmax.
+    let softcap = node.attr_float("softcap", 0.0)? as f64;
+    let capped = if softcap > 0.0 {
+        let c = ops::scalar(softcap, Dtype::F32, s)?;
+        ops::multiply(&ops::tanh(&ops::divide(&scores, &c, s)?, s)?, &c, s)?
+    } else {
+        scores.clone()
+    };
+    let with_bias = match &bias {
+        Some(b) => ops::add(&capped, b, s)?,
+        None => capped,
+    };
+    let mut probs = ops::softmax(&with_bias, -1, s)?;
+    if let Some(b) = &bias {
+        // A row whose keys are all masked attends to nothing: 0, not NaN.
+        let full = ops::broadcast_to(b, &with_bias.shape(), s)?;
+        let dead = ops::isneginf(&ops::max_axes(&full, &[-1], true, s)?, s)?;
+        probs = ops::where_(&dead, &zero, &probs, s)?;
+    }
+    let mut y = ops::matmul(&probs, &vr, s)?;
+    if three_d {
+        let ys = y.shape();
+        y = ops::reshape(&ops::transpose_axes(&y, &[0, 2, 1, 3], s)?, &[ys[0], ys[2], ys[1] * ys[3]], s)?;
+    }
+    let cast = |a: &Array| -> Result<Array> { Ok(ops::astype(a, dtype, s)?) };
+    let mut outs = vec![cast(&y)?, cast(&present_k)?, cast(&present_v)?];
+    if node.outputs.len() > 3 {
+        outs.push(cast(&scores)?);
+    }
+    outs.truncate(node.outputs.len().max(1));
+    Ok(outs)
+}
+
+ep_core::register_lowering!(
+    ATTENTION = FnLowering {
+        domain: "",
+        op: "Attention",
+        opsets: 23..=i32::MAX,
+        claim: claim_attention,
+        lower: lower_attention,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, DType, Values, register_spec};
+
+    register_spec!("", "Attention", || {
+        let dims = (1..=2i64, 1..=2i64, 1..=2i64, 1..=4i64, 0..=3i64, 2..=4i64);
+        (float_dtype(), dims, any::<(bool, bool, bool)>(), 0..3u8, 0..4i64, seed())
+            .prop_map(|(t, (b, kvh, reps, sq, past, h), (three_d, causal, softcap), mask, mode, seed)| {
+                let qh = kvh * reps;
+                let skv = sq;
+                let total = past + skv;
+                let mut case = Case::op("Attention", 23);
+                if three_d {
+                    case = case
+                        .input("q", t, &[b, sq, qh * h])
+                        .input("k", t, &[b, skv, kvh * h])
+                        .input("v", t, &[b, skv, kvh * h])
+                        .attr_int("q_num_heads", qh)
+                        .attr_int("kv_num_heads", kvh);
+                } else {
+                    case = case.input("q", t, &[b, qh, sq, h]).input("k", t, &[b, kvh, skv, h]).input(
+                        "v",
+                        t,
+                        &[b, kvh, skv, h],
+                    );
+                }
+                case = match mask {
+                    0 => case.absent(),
+                    1 => case.input_with("mask", DType::Bool, &[sq, total], Values::Uniform { lo: 0.0, hi: 2.0 }),
+                    _ => case.input("mask", t, &[b, 1, sq, total]),
+                };
+                if past > 0 {
+                    case = case.input("past_k", t, &[b, kvh, past, h]).input("past_v", t, &[b, kvh, past, h]);
+                }
+                if causal {
+                    case = case.attr_int("is_causal", 1);
+                }
+                if softcap {
+                    case = case.attr_float("softcap", 2.0);
+                }
+                let y_shape: Vec<i64> = if three_d { vec![b, sq, qh * h] } else { vec![b, qh, sq, h] };
+                case = case.output("y", t, &y_shape);
+                case = case.output("present_k", t, &[b, kvh, total, h]).output("present_v", t, &[b, kvh, total, h]);
+                // The QK output in mode 0 (the one whose ORT and ONNX definitions agree).
+                let case = if mode == 0 {
+                    case.attr_int("qk_matmul_output_mode", 0).output("qk", t, &[b, qh, sq, total])
+                } else {
+                    case
+                };
+                case.with_seed(seed)
+            })
+            .boxed()
+    });
+}
