@@ -1,4 +1,5 @@
-//! Conv (1-D, 2-D, 3-D; groups, dilations, explicit pads and `auto_pad`) on MLX's
+//! Conv and ConvTranspose (1-D, 2-D, 3-D; groups, dilations, explicit pads and `auto_pad`;
+//! ConvTranspose's `output_padding` and `output_shape`) on MLX's
 //! channels-last convolution: the input is transposed to channels-last and back, the weight
 //! once per session when it is a constant.
 
@@ -46,7 +47,7 @@ fn lower_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let input = ops::transpose_axes(x, &perm, s)?;
     let ones = vec![1; r - 2];
     let conv = |x: &Array, k: &Array, g: i64| {
-        ops::conv_general(x, k, &w.strides, &w.pad_lo, &w.pad_hi, &w.dilations, &ones, g, s)
+        ops::conv_general(x, k, &w.strides, &w.pad_lo, &w.pad_hi, &w.dilations, &ones, g, false, s)
     };
     let y = if groups > 1 && r == 5 {
         // MLX convolves groups in 1-D and 2-D only: a grouped 3-D convolution is one
@@ -85,10 +86,172 @@ ep_core::register_lowering!(
     }
 );
 
+fn claim_conv_transpose(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    claim_conv(node)?;
+    if node.attr_int("group", 1)? != 1 && ep_core::lowering::input_rank(node, 0) == Some(5) {
+        return Err(Decline::new("grouped 3-D ConvTranspose is not supported"));
+    }
+    Ok(())
+}
+
+/// ConvTranspose as a convolution of the stride-dilated input with the flipped kernel, fully
+/// padded (`dilation * (kernel - 1)` each side, plus `output_padding` at the end), then cropped
+/// by the pads.
+fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    let x = ctx.input(0)?;
+    let xs = x.shape();
+    let r = xs.len();
+    let k = r - 2;
+    let ws = ctx.input(1)?.shape();
+    let groups = node.attr_int("group", 1)?;
+    if groups < 1 || xs[1] != ws[0] || ws[0] % groups != 0 {
+        bail!("input {xs:?} and weight {ws:?} do not fit group {groups}");
+    }
+    let kernel = ws[2..].to_vec();
+    let ints = |name: &str, default: i64| -> Result<Vec<i64>> {
+        Ok(node.attr_ints(name)?.map(<[i64]>::to_vec).unwrap_or_else(|| vec![default; k]))
+    };
+    let (strides, dilations, out_pad) = (ints("strides", 1)?, ints("dilations", 1)?, ints("output_padding", 0)?);
+    let full: Vec<i64> =
+        (0..k).map(|i| (xs[2 + i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 + out_pad[i]).collect();
+    let auto = match node.attr("auto_pad") {
+        Some(ep_core::AttrValue::String(a)) => a.clone(),
+        _ => "NOTSET".into(),
+    };
+    let (mut lo, mut hi) = (vec![0i64; k], vec![0i64; k]);
+    let target: Option<Vec<i64>> = match node.attr_ints("output_shape")? {
+        Some(o) => Some(o[o.len().saturating_sub(k)..].to_vec()),
+        None if auto == "SAME_UPPER" || auto == "SAME_LOWER" => Some((0..k).map(|i| xs[2 + i] * strides[i]).collect()),
+        None => None,
+    };
+    match target {
+        Some(t) => {
+            for i in 0..k {
+                // Floor halves, as ONNX writes it; a negative total extends the output at the end.
+                let total = full[i] - t[i];
+                let half = total.div_euclid(2);
+                (lo[i], hi[i]) = if auto == "SAME_UPPER" { (half, total - half) } else { (total - half, half) };
+            }
+        }
+        None if auto == "VALID" || auto == "NOTSET" => {
+            if let Some(p) = node.attr_ints("pads")? {
+                lo.copy_from_slice(&p[..k]);
+                hi.copy_from_slice(&p[k..2 * k]);
+            }
+        }
+        None => bail!("auto_pad '{auto}' is not supported"),
+    }
+    // [C, M/g, *k] to [M, *k, C/g].
+    let weight = ctx.derived(1, "conv-transpose-weight", |w, s| {
+        let sh = w.shape();
+        let (c, mg) = (sh[0], sh[1]);
+        let cg = c / groups;
+        let mut split = vec![groups, cg, mg];
+        split.extend(&sh[2..]);
+        let t = ops::reshape(w, &split, s)?;
+        // [g, C/g, M/g, *k] -> [g, M/g, *k, C/g]
+        let mut perm = vec![0, 2];
+        perm.extend(3..3 + k as i32);
+        perm.push(1);
+        let t = ops::transpose_axes(&t, &perm, s)?;
+        let mut merged = vec![groups * mg];
+        merged.extend(&sh[2..]);
+        merged.push(cg);
+        Ok(ops::reshape(&t, &merged, s)?)
+    })?;
+    let input = ops::transpose_axes(x, &to_channels_last(r), s)?;
+    let pad_lo: Vec<i64> = (0..k).map(|i| (kernel[i] - 1) * dilations[i]).collect();
+    let pad_hi: Vec<i64> = (0..k).map(|i| (kernel[i] - 1) * dilations[i] + out_pad[i]).collect();
+    let ones = vec![1; k];
+    let y = ops::conv_general(&input, &weight, &ones, &pad_lo, &pad_hi, &dilations, &strides, groups, true, s)?;
+    // Crop the pads: [lo, full - hi) on every spatial axis (channels-last); negative pads add
+    // zeros (outputs no input reaches).
+    let ys = y.shape();
+    let (mut grow_lo, mut grow_hi) = (vec![0i64; r], vec![0i64; r]);
+    for i in 0..k {
+        grow_lo[1 + i] = (-lo[i]).max(0);
+        grow_hi[1 + i] = (-hi[i]).max(0);
+    }
+    let y = if grow_lo.iter().chain(&grow_hi).any(|&g| g > 0) {
+        ops::pad(&y, &grow_lo, &grow_hi, &ops::scalar(0.0, y.dtype(), s)?, "constant", s)?
+    } else {
+        y
+    };
+    let mut start = vec![0i64; r];
+    let mut stop = y.shape();
+    for i in 0..k {
+        start[1 + i] = lo[i].max(0);
+        stop[1 + i] = ys[1 + i] + grow_lo[1 + i] + grow_hi[1 + i] - hi[i].max(0);
+        if stop[1 + i] < start[1 + i] {
+            bail!("pads leave no output on spatial axis {i}");
+        }
+    }
+    let y = ops::slice(&y, &start, &stop, s)?;
+    let back: Vec<i32> = std::iter::once(0).chain(std::iter::once(r as i32 - 1)).chain(1..r as i32 - 1).collect();
+    let mut y = ops::transpose_axes(&y, &back, s)?;
+    if let Some(b) = ctx.optional_input(2) {
+        let mut shape = vec![1i64; r];
+        shape[1] = b.size() as i64;
+        y = ops::add(&y, &ops::reshape(b, &shape, s)?, s)?;
+    }
+    Ok(vec![y])
+}
+
+ep_core::register_lowering!(
+    CONV_TRANSPOSE = FnLowering {
+        domain: "",
+        op: "ConvTranspose",
+        opsets: 1..=i32::MAX,
+        claim: claim_conv_transpose,
+        lower: lower_conv_transpose,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
 #[cfg(feature = "conformance")]
 mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
+
+    register_spec!("", "ConvTranspose", || {
+        let geometry = (1..=2usize, 1..=2i64, 1..=2i64, 1..=2i64, 1..=2i64, 1..=2i64, 0..=1i64, 0..=1i64);
+        (select(&[DType::F32, DType::F32, DType::F16][..]), geometry, 1..=2i64, any::<bool>(), opset(11..=22), seed())
+            .prop_map(|(t, (dims, n, g, cpg, stride, dil, pad, opad), m_per_g, bias, v, seed)| {
+                let c = g * cpg;
+                let m = g * m_per_g;
+                let spatial: Vec<i64> = (0..dims).map(|i| 3 + i as i64).collect();
+                let kernel: Vec<i64> = (0..dims).map(|i| 1 + (i as i64 + seed as i64) % 3).collect();
+                // ORT's CPU ConvTranspose takes output_padding below the stride only.
+                let opad = if opad < stride { opad } else { 0 };
+                let x = [vec![n, c], spatial.clone()].concat();
+                let wshape = [vec![c, m_per_g], kernel.clone()].concat();
+                let unit = Values::Uniform { lo: -1.0, hi: 1.0 };
+                let mut case = Case::op("ConvTranspose", v).input_with("x", t, &x, unit.clone()).input_with(
+                    "w",
+                    t,
+                    &wshape,
+                    unit.clone(),
+                );
+                if bias {
+                    case = case.input_with("b", t, &[m], unit);
+                }
+                let mut out = vec![n, m];
+                for i in 0..dims {
+                    let pad = pad.min((kernel[i] - 1) * dil);
+                    out.push((spatial[i] - 1) * stride + (kernel[i] - 1) * dil + 1 + opad - 2 * pad);
+                }
+                let pads: Vec<i64> = (0..2 * dims).map(|i| pad.min((kernel[i % dims] - 1) * dil)).collect();
+                case.attr_int("group", g)
+                    .attr_ints("strides", &vec![stride; dims])
+                    .attr_ints("dilations", &vec![dil; dims])
+                    .attr_ints("output_padding", &vec![opad; dims])
+                    .attr_ints("pads", &pads)
+                    .output("y", t, &out)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
 
     register_spec!("", "Conv", || {
         let geometry = (1..=3usize, 1..=2i64, 1..=2i64, 1..=3i64, 1..=2i64, 1..=2i64, 0..=1i64);

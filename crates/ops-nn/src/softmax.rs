@@ -29,7 +29,15 @@ fn apply(kind: Kind, x: &Array, axis: usize, s: &ep_core::mlx::Stream) -> Result
             // compiled CPU reduction crashed on a size-1 middle axis, so it is not reduced.
             ops::add(&ops::subtract(x, x, s)?, &ops::astype(&Array::scalar_f32(1.0), x.dtype(), s)?, s)?
         }
-        Kind::Softmax => ops::softmax(x, axis as i32, s)?,
+        Kind::Softmax => {
+            // Half types in float32, rounded once (as ORT's CPU EP computes them).
+            let t = x.dtype();
+            if t == Dtype::F16 || t == Dtype::BF16 {
+                ops::astype(&ops::softmax(&ops::astype(x, Dtype::F32, s)?, axis as i32, s)?, t, s)?
+            } else {
+                ops::softmax(x, axis as i32, s)?
+            }
+        }
         Kind::LogSoftmax if n == 1 => ops::subtract(x, x, s)?,
         Kind::LogSoftmax => {
             // In float32 for half types: x - logsumexp(x).

@@ -1,4 +1,4 @@
-//! Orderings and rearrangements: Trilu, CumSum, ArgMax, ArgMin, TopK, DepthToSpace,
+//! Orderings and rearrangements: Trilu, CumSum, CumProd, ArgMax, ArgMin, TopK, DepthToSpace,
 //! SpaceToDepth.
 
 use ep_core::lowering::{ALL_TYPES, FnLowering, NUMERIC, normalize_axis, require_input_type, require_inputs};
@@ -65,13 +65,22 @@ fn claim_cumsum(node: &NodeInfo) -> std::result::Result<(), Decline> {
 }
 
 fn lower_cumsum(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    cumulative(ctx, node, false)
+}
+
+/// CumSum or CumProd along the axis input, `exclusive` and `reverse` as ONNX defines them.
+fn cumulative(ctx: &mut LowerCtx<'_>, node: &NodeInfo, product: bool) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
     let axis = ctx.host_i64(1)?.first().copied().ok_or("axis is empty")?;
     let axis = normalize_axis(axis, x.ndim())?;
     let exclusive = node.attr_int("exclusive", 0)? == 1;
     let reverse = node.attr_int("reverse", 0)? == 1;
     let s = ctx.stream_for(x.dtype());
-    let y = ops::cumsum(x, axis as i32, reverse, !exclusive, s)?;
+    let y = if product {
+        ops::cumprod(x, axis as i32, reverse, !exclusive, s)?
+    } else {
+        ops::cumsum(x, axis as i32, reverse, !exclusive, s)?
+    };
     Ok(vec![ops::astype(&y, x.dtype(), s)?])
 }
 
@@ -82,6 +91,17 @@ ep_core::register_lowering!(
         opsets: 11..=i32::MAX,
         claim: claim_cumsum,
         lower: lower_cumsum,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
+ep_core::register_lowering!(
+    CUMPROD = FnLowering {
+        domain: "",
+        op: "CumProd",
+        opsets: 26..=i32::MAX,
+        claim: claim_cumsum,
+        lower: |ctx, node| cumulative(ctx, node, true),
         safety: CompileSafety::ShapeKeyed,
     }
 );
@@ -266,6 +286,27 @@ mod spec {
                 let case =
                     if with_k { case.constant("k", DType::I64, &[], Values::Data(vec![k as f64])) } else { case };
                 case.attr_int("upper", upper as i64).output("y", t, &s).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "CumProd", || {
+        (
+            select(&[DType::F32, DType::I64][..]),
+            nonempty_shape(1..=3),
+            any::<prop::sample::Index>(),
+            any::<(bool, bool)>(),
+            seed(),
+        )
+            .prop_map(|(t, s, pick, (exclusive, reverse), seed)| {
+                let axis = pick.index(s.len()) as i64;
+                Case::op("CumProd", 26)
+                    .input_with("x", t, &s, Values::Uniform { lo: -2.0, hi: 3.0 })
+                    .constant("axis", DType::I64, &[], Values::Data(vec![axis as f64]))
+                    .attr_int("exclusive", exclusive as i64)
+                    .attr_int("reverse", reverse as i64)
+                    .output("y", t, &s)
+                    .with_seed(seed)
             })
             .boxed()
     });

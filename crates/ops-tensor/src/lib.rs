@@ -1,4 +1,5 @@
-//! Tensor lowerings: data movement and shape manipulation, on every element type MLX holds.
+//! Tensor lowerings: data movement and shape manipulation (gathers and scatters included), on
+//! every element type MLX holds.
 //!
 //! Shapes, axes, pads and other integer operands are read on the host: from the constant when
 //! the operand is an initializer, or by evaluating it when it is computed from shapes (which
@@ -17,6 +18,8 @@ mod gather;
 mod generate;
 mod join;
 mod pad;
+mod resize;
+mod scatter;
 mod shape;
 mod slice;
 #[cfg(feature = "conformance")]

@@ -139,7 +139,8 @@ mod spec {
                 // Wrap is defined from opset 19; reflect needs pads smaller than the dim.
                 let mode = if mode == "wrap" && v < 19 { "edge" } else { mode };
                 // ORT's reflect needs pads within the dim and no cropping.
-                let clampd = |p: i64, d: i64| if mode == "reflect" { p.min(d - 1).max(0) } else { p.max(-(d / 2)) };
+                let clampd =
+                    |p: i64, d: i64| if mode == "reflect" { p.min(d - 1).max(0) } else { p.max(-((d - 1) / 2)) };
                 let pads: Vec<i64> = (0..2 * r).map(|i| clampd(raw[i], s[i % r])).collect();
                 let out: Vec<i64> = (0..r).map(|a| s[a] + pads[a] + pads[a + r]).collect();
                 let case = Case::op("Pad", v).input("x", t, &s).constant_i64("pads", &pads);

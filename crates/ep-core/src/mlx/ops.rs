@@ -426,6 +426,15 @@ pub fn cumsum(a: &Array, axis: i32, reverse: bool, inclusive: bool, s: &Stream) 
     Ok(out)
 }
 
+/// Cumulative product along `axis`.
+pub fn cumprod(a: &Array, axis: i32, reverse: bool, inclusive: bool, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    let keep = mlx_sys::mlx_optional_dtype { value: a.dtype().to_raw(), has_value: false };
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_cumprod_axis(&mut out.0, a.0, axis as c_int, reverse, inclusive, keep, s.0) })?;
+    Ok(out)
+}
+
 /// `[start, stop)` by `step`, of `dtype`.
 pub fn arange(start: f64, stop: f64, step: f64, dtype: Dtype, s: &Stream) -> Result<Array> {
     let mut out = Array::empty();
@@ -443,7 +452,8 @@ pub fn full(shape: &[i64], value: &Array, dtype: Dtype, s: &Stream) -> Result<Ar
     Ok(out)
 }
 
-/// N-d convolution of `input` `[N, *spatial, C_in]` with `weight` `[C_out, *kernel, C_in/groups]`.
+/// N-d convolution of `input` `[N, *spatial, C_in]` with `weight` `[C_out, *kernel, C_in/groups]`
+/// (`flip`: the kernel reversed along its spatial axes, a true convolution).
 #[allow(clippy::too_many_arguments)]
 pub fn conv_general(
     input: &Array,
@@ -454,6 +464,7 @@ pub fn conv_general(
     kernel_dilation: &[i64],
     input_dilation: &[i64],
     groups: i64,
+    flip: bool,
     s: &Stream,
 ) -> Result<Array> {
     let (st, lo, hi, kd, id) = (dims(stride), dims(pad_lo), dims(pad_hi), dims(kernel_dilation), dims(input_dilation));
@@ -475,26 +486,47 @@ pub fn conv_general(
             id.as_ptr(),
             id.len(),
             groups as c_int,
-            false,
+            flip,
             s.0,
         )
     })?;
     Ok(out)
 }
 
-/// Scatter along the given axes: `updates` written (or, with `add`, summed) at `indices`.
-pub fn scatter(a: &Array, indices: &[Array], updates: &Array, axes: &[i32], add: bool, s: &Stream) -> Result<Array> {
+/// How [`scatter`] combines an update with the value already there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScatterReduce {
+    /// The update replaces the value.
+    None,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
+/// Scatter along `axes`: `indices` (one array per axis, broadcast together to the index
+/// shape) select where each slice of `updates` (index shape, then the slice shape, 1 on every
+/// scattered axis) goes.
+pub fn scatter(
+    a: &Array,
+    indices: &[Array],
+    updates: &Array,
+    axes: &[i32],
+    reduce: ScatterReduce,
+    s: &Stream,
+) -> Result<Array> {
     let v = super::VectorArray::from_arrays(indices)?;
     let axes: Vec<c_int> = axes.iter().map(|&d| d as c_int).collect();
     let mut out = Array::empty();
+    let f = match reduce {
+        ScatterReduce::None => mlx_sys::mlx_scatter,
+        ScatterReduce::Add => mlx_sys::mlx_scatter_add,
+        ScatterReduce::Mul => mlx_sys::mlx_scatter_prod,
+        ScatterReduce::Max => mlx_sys::mlx_scatter_max,
+        ScatterReduce::Min => mlx_sys::mlx_scatter_min,
+    };
     // SAFETY: `v` and `axes` outlive the call.
-    check(unsafe {
-        if add {
-            mlx_sys::mlx_scatter_add(&mut out.0, a.0, v.0, updates.0, axes.as_ptr(), axes.len(), s.0)
-        } else {
-            mlx_sys::mlx_scatter(&mut out.0, a.0, v.0, updates.0, axes.as_ptr(), axes.len(), s.0)
-        }
-    })?;
+    check(unsafe { f(&mut out.0, a.0, v.0, updates.0, axes.as_ptr(), axes.len(), s.0) })?;
     Ok(out)
 }
 

@@ -1,0 +1,388 @@
+//! Resize (opsets 10 to 19) and Upsample (7 to 9): nearest (all four rounding modes), linear
+//! and cubic (`cubic_coeff_a`, `exclude_outside`) interpolation with every coordinate
+//! transformation mode, including `tf_crop_and_resize` with its ROI and extrapolation value.
+//! Interpolation is separable: each resized axis is gathered at host-computed source indices
+//! and combined with host-computed weights. `antialias` is left to the CPU EP.
+
+use ep_core::lowering::{ALL_TYPES, FLOATS, FnLowering, input_type, normalize_axis, require_input_type};
+use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::{AttrValue, CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
+
+fn string_attr<'a>(node: &'a NodeInfo, name: &str, default: &'a str) -> &'a str {
+    match node.attr(name) {
+        Some(AttrValue::String(s)) => s.as_str(),
+        _ => default,
+    }
+}
+
+fn claim_resize(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_input_type(node, 0, ALL_TYPES)?;
+    let mode = string_attr(node, "mode", "nearest");
+    if !matches!(mode, "nearest" | "linear" | "cubic") {
+        return Err(Decline(format!("mode '{mode}' is not supported")));
+    }
+    if mode != "nearest" && !input_type(node, 0).is_some_and(|t| FLOATS.contains(&t) || t == ElemType::F64) {
+        return Err(Decline::new("linear and cubic interpolation take float inputs"));
+    }
+    if node.attr_int("antialias", 0)? != 0 {
+        return Err(Decline::new("antialias is left to the CPU EP"));
+    }
+    let ctm = string_attr(node, "coordinate_transformation_mode", "half_pixel");
+    if !matches!(
+        ctm,
+        "half_pixel"
+            | "half_pixel_symmetric"
+            | "pytorch_half_pixel"
+            | "align_corners"
+            | "asymmetric"
+            | "tf_crop_and_resize"
+    ) {
+        return Err(Decline(format!("coordinate_transformation_mode '{ctm}' is not supported")));
+    }
+    let policy = string_attr(node, "keep_aspect_ratio_policy", "stretch");
+    if !matches!(policy, "stretch" | "not_larger" | "not_smaller") {
+        return Err(Decline(format!("keep_aspect_ratio_policy '{policy}' is not supported")));
+    }
+    Ok(())
+}
+
+/// The interpolation of one axis: for each output position, source indices and weights.
+struct AxisPlan {
+    taps: usize,
+    indices: Vec<i64>,
+    weights: Vec<f32>,
+    /// Positions outside the ROI (tf_crop_and_resize), which take the extrapolation value.
+    outside: Vec<bool>,
+}
+
+fn cubic_weights(t: f64, a: f64) -> [f64; 4] {
+    let w = |x: f64| {
+        let x = x.abs();
+        if x <= 1.0 {
+            ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+        } else if x < 2.0 {
+            ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a
+        } else {
+            0.0
+        }
+    };
+    [w(t + 1.0), w(t), w(1.0 - t), w(2.0 - t)]
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan_axis(node: &NodeInfo, mode: &str, n_in: i64, n_out: i64, scale: f64, roi: (f64, f64)) -> Result<AxisPlan> {
+    let ctm = string_attr(node, "coordinate_transformation_mode", "half_pixel");
+    // In float32, as ORT computes it: the rounding of nearest modes depends on it.
+    // align_corners and tf_crop_and_resize use the unrounded resized length `in * scale`, as
+    // ONNX defines them (ORT's CPU EP uses the rounded one and fails those node tests).
+    let (scale, fin, fout) = (scale as f32, n_in as f32, n_out as f32);
+    let flen = fin * scale;
+    let source = |x: f64| -> f64 {
+        let x = x as f32;
+        (match ctm {
+            "half_pixel" => (x + 0.5) / scale - 0.5,
+            "half_pixel_symmetric" => {
+                let adjustment = fout / (scale * fin);
+                let center = fin / 2.0;
+                center * (1.0 - adjustment) + (x + 0.5) / scale - 0.5
+            }
+            "pytorch_half_pixel" => {
+                if n_out > 1 {
+                    (x + 0.5) / scale - 0.5
+                } else {
+                    0.0
+                }
+            }
+            "align_corners" => {
+                if flen == 1.0 {
+                    0.0
+                } else {
+                    x * (fin - 1.0) / (flen - 1.0)
+                }
+            }
+            "asymmetric" => x / scale,
+            _ => {
+                let (start, end) = (roi.0 as f32, roi.1 as f32);
+                if flen != 1.0 {
+                    start * (fin - 1.0) + x * (end - start) * (fin - 1.0) / (flen - 1.0)
+                } else {
+                    0.5 * (start + end) * (fin - 1.0)
+                }
+            }
+        }) as f64
+    };
+    let last = n_in - 1;
+    let mut plan = AxisPlan { taps: 0, indices: Vec::new(), weights: Vec::new(), outside: Vec::new() };
+    for o in 0..n_out {
+        let x = source(o as f64);
+        plan.outside.push(ctm == "tf_crop_and_resize" && (x < 0.0 || x > last as f64));
+        match mode {
+            "nearest" => {
+                let i = match string_attr(node, "nearest_mode", "round_prefer_floor") {
+                    "round_prefer_ceil" => (x + 0.5).floor(),
+                    "floor" => x.floor(),
+                    "ceil" => x.ceil(),
+                    _ => (x - 0.5).ceil(),
+                } as i64;
+                plan.taps = 1;
+                plan.indices.push(i.clamp(0, last));
+                plan.weights.push(1.0);
+            }
+            "linear" => {
+                let x = x.clamp(0.0, last as f64);
+                let i0 = x.floor() as i64;
+                let t = x - i0 as f64;
+                plan.taps = 2;
+                plan.indices.extend([i0, (i0 + 1).min(last)]);
+                plan.weights.extend([(1.0 - t) as f32, t as f32]);
+            }
+            _ => {
+                let a = node.attr_float("cubic_coeff_a", -0.75)? as f64;
+                let exclude = node.attr_int("exclude_outside", 0)? == 1;
+                let i0 = x.floor() as i64;
+                let mut w = cubic_weights(x - i0 as f64, a);
+                let idx: Vec<i64> = (-1..=2).map(|k| i0 + k).collect();
+                if exclude {
+                    for (wk, &ik) in w.iter_mut().zip(&idx) {
+                        if ik < 0 || ik > last {
+                            *wk = 0.0;
+                        }
+                    }
+                    let total: f64 = w.iter().sum();
+                    if total != 0.0 {
+                        w.iter_mut().for_each(|wk| *wk /= total);
+                    }
+                }
+                plan.taps = 4;
+                plan.indices.extend(idx.iter().map(|&i| i.clamp(0, last)));
+                plan.weights.extend(w.iter().map(|&v| v as f32));
+            }
+        }
+    }
+    if plan.taps == 0 {
+        bail!("an empty output axis");
+    }
+    Ok(plan)
+}
+
+/// Resamples `x` along `axis` per `plan`.
+fn apply(x: &Array, axis: usize, plan: &AxisPlan, extrapolation: f64, s: &Stream) -> Result<Array> {
+    let n_out = plan.outside.len() as i64;
+    let taps = plan.taps as i64;
+    let idx = Array::from_slice(&plan.indices, &[n_out * taps])?;
+    let g = ops::take(x, &idx, axis as i32, s)?;
+    let mut y = if taps == 1 {
+        g
+    } else {
+        let mut shape = g.shape();
+        shape.splice(axis..=axis, [n_out, taps]);
+        let g = ops::reshape(&ops::astype(&g, Dtype::F32, s)?, &shape, s)?;
+        let mut wshape = vec![1i64; shape.len()];
+        wshape[axis] = n_out;
+        wshape[axis + 1] = taps;
+        let w = Array::from_slice(&plan.weights, &wshape)?;
+        let sum = ops::sum_axes(&ops::multiply(&g, &w, s)?, &[axis as i32 + 1], false, s)?;
+        ops::astype(&sum, x.dtype(), s)?
+    };
+    if plan.outside.iter().any(|&o| o) {
+        let mut mshape = vec![1i64; y.ndim()];
+        mshape[axis] = n_out;
+        let mask = Array::from_slice(&plan.outside, &mshape)?;
+        y = ops::where_(&mask, &ops::scalar(extrapolation, y.dtype(), s)?, &y, s)?;
+    }
+    Ok(y)
+}
+
+fn lower_resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let shape = x.shape();
+    let r = shape.len();
+    let s = ctx.stream_for(x.dtype());
+    let upsample = node.op_type == "Upsample";
+    let read_floats = |i: usize| -> Result<Option<Vec<f64>>> {
+        match ctx.optional_input(i) {
+            Some(a) if a.size() > 0 => Ok(Some(ctx.host_f64(i)?)),
+            _ => Ok(None),
+        }
+    };
+    // Inputs by opset: 10: (X, scales); 11+: (X, roi, scales, sizes); Upsample 9: (X, scales).
+    let (roi, scales, sizes) = if upsample {
+        let scales = if node.since_version >= 9 {
+            read_floats(1)?
+        } else {
+            node.attr("scales").and_then(|a| {
+                if let AttrValue::Floats(f) = a { Some(f.iter().map(|&v| v as f64).collect()) } else { None }
+            })
+        };
+        (None, scales, None)
+    } else if node.since_version < 11 {
+        (None, read_floats(1)?, None)
+    } else {
+        let sizes = match ctx.optional_input(3) {
+            Some(a) if a.size() > 0 => Some(ctx.host_i64(3)?),
+            _ => None,
+        };
+        (read_floats(1)?, read_floats(2)?, sizes)
+    };
+    let axes: Vec<usize> = match node.attr_ints("axes")? {
+        Some(a) => a.iter().map(|&a| normalize_axis(a, r)).collect::<std::result::Result<_, _>>()?,
+        None => (0..r).collect(),
+    };
+    let k = axes.len();
+    let (mut out, mut scale): (Vec<i64>, Vec<f64>) = (shape.clone(), vec![1.0; r]);
+    if let Some(sizes) = sizes {
+        if sizes.len() != k {
+            bail!("{} sizes for {k} axes", sizes.len());
+        }
+        let ratios: Vec<f64> = axes.iter().zip(&sizes).map(|(&a, &n)| n as f64 / shape[a] as f64).collect();
+        match string_attr(node, "keep_aspect_ratio_policy", "stretch") {
+            "stretch" => {
+                for (j, &a) in axes.iter().enumerate() {
+                    out[a] = sizes[j];
+                    scale[a] = ratios[j];
+                }
+            }
+            policy => {
+                let pick = if policy == "not_larger" {
+                    ratios.iter().copied().fold(f64::INFINITY, f64::min)
+                } else {
+                    ratios.iter().copied().fold(0.0, f64::max)
+                };
+                for &a in &axes {
+                    scale[a] = pick;
+                    out[a] = (shape[a] as f64 * pick).round() as i64;
+                }
+            }
+        }
+    } else if let Some(sc) = scales {
+        if sc.len() != k {
+            bail!("{} scales for {k} axes", sc.len());
+        }
+        for (j, &a) in axes.iter().enumerate() {
+            scale[a] = sc[j];
+            // In float32, as ORT computes it (3 * 1.6666666f is 5, not 4.99...).
+            out[a] = (shape[a] as f32 * sc[j] as f32).floor() as i64;
+        }
+    } else {
+        bail!("Resize needs scales or sizes");
+    }
+    let mode = string_attr(node, "mode", "nearest");
+    let mode = if upsample && mode == "bilinear" { "linear" } else { mode };
+    let extrapolation = node.attr_float("extrapolation_value", 0.0)? as f64;
+    let mut y = x.clone();
+    for (j, &a) in axes.iter().enumerate() {
+        if out[a] == shape[a] && scale[a] == 1.0 {
+            continue;
+        }
+        let roi_a = match &roi {
+            Some(v) if v.len() == 2 * k => (v[j], v[j + k]),
+            _ => (0.0, 1.0),
+        };
+        let plan = plan_axis(node, mode, shape[a], out[a], scale[a], roi_a)?;
+        y = apply(&y, a, &plan, extrapolation, s)?;
+    }
+    Ok(vec![y])
+}
+
+ep_core::register_lowering!(
+    RESIZE = FnLowering {
+        domain: "",
+        op: "Resize",
+        opsets: 10..=i32::MAX,
+        claim: claim_resize,
+        lower: lower_resize,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
+fn claim_upsample(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_input_type(node, 0, ALL_TYPES)?;
+    let mode = string_attr(node, "mode", "nearest");
+    if !matches!(mode, "nearest" | "linear" | "bilinear") {
+        return Err(Decline(format!("mode '{mode}' is not supported")));
+    }
+    if mode != "nearest" && !input_type(node, 0).is_some_and(|t| FLOATS.contains(&t) || t == ElemType::F64) {
+        return Err(Decline::new("linear interpolation takes float inputs"));
+    }
+    Ok(())
+}
+
+/// Upsample: Resize with the asymmetric transform and floor rounding for nearest.
+fn lower_upsample(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let mut n = node.clone();
+    n.attributes.insert("coordinate_transformation_mode".into(), AttrValue::String("asymmetric".into()));
+    n.attributes.insert("nearest_mode".into(), AttrValue::String("floor".into()));
+    lower_resize(ctx, &n)
+}
+
+ep_core::register_lowering!(
+    UPSAMPLE = FnLowering {
+        domain: "",
+        op: "Upsample",
+        opsets: 7..=9,
+        claim: claim_upsample,
+        lower: lower_upsample,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, DType, Values, register_spec};
+
+    const MODES: &[&str] = &["nearest", "linear", "cubic"];
+    const CTMS: &[&str] = &["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric"];
+    const NEAREST: &[&str] = &["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"];
+
+    register_spec!("", "Resize", || {
+        let attrs = (select(MODES), select(CTMS), select(NEAREST), any::<(bool, bool)>());
+        // 4-D inputs resized on their last two axes: the forms ORT's CPU EP takes for every mode.
+        (float_dtype(), nonempty_shape(2..=2), collection::vec(1..=6i64, 2), attrs, opset(13..=19), seed())
+            .prop_map(|(t, lead, sp, (mode, ctm, nearest, (by_sizes, exclude)), v, seed)| {
+                let ctm = if ctm == "half_pixel_symmetric" && v < 19 { "half_pixel" } else { ctm };
+                let x_shape = [lead.clone(), vec![3, 4]].concat();
+                let r = x_shape.len();
+                let mut case = Case::op("Resize", v).input("x", t, &x_shape).absent();
+                let mut out = x_shape.clone();
+                if by_sizes {
+                    out[r - 2] = sp[0];
+                    out[r - 1] = sp[1];
+                    case = case.absent().constant_i64("sizes", &out);
+                } else {
+                    // Scales that give whole output sizes from 3 and 4.
+                    let (a, b) = (sp[0] as f64 / 3.0, sp[1] as f64 / 4.0);
+                    out[r - 2] = (3.0 * a as f32).floor() as i64;
+                    out[r - 1] = (4.0 * b as f32).floor() as i64;
+                    let mut scales = vec![1.0; r];
+                    scales[r - 2] = a;
+                    scales[r - 1] = b;
+                    case = case.constant("scales", DType::F32, &[r as i64], Values::Data(scales));
+                }
+                let mut case = case.attr_str("mode", mode).attr_str("coordinate_transformation_mode", ctm);
+                if mode == "nearest" {
+                    case = case.attr_str("nearest_mode", nearest);
+                }
+                if mode == "cubic" && exclude {
+                    case = case.attr_int("exclude_outside", 1);
+                }
+                case.output("y", t, &out).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "Upsample", || {
+        (float_dtype(), 1..=3i64, 1..=3i64, any::<bool>(), seed())
+            .prop_map(|(t, a, b, linear, seed)| {
+                let x = [1, 2, 3, 2];
+                let out = [1, 2, 3 * a, 2 * b];
+                Case::op("Upsample", 9)
+                    .input("x", t, &x)
+                    .constant("scales", DType::F32, &[4], Values::Data(vec![1.0, 1.0, a as f64, b as f64]))
+                    .attr_str("mode", if linear { "linear" } else { "nearest" })
+                    .output("y", t, &out)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+}
