@@ -10,6 +10,7 @@
 
 mod conv;
 mod dropout;
+mod einsum;
 mod matmul;
 mod norm;
 mod pool;

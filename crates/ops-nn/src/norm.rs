@@ -1,7 +1,8 @@
 //! Normalizations: LayerNormalization (ONNX 17), RMSNormalization (23), SkipLayerNormalization
 //! (`com.microsoft`), BatchNormalization (inference), InstanceNormalization,
-//! GroupNormalization (18 and 21), LpNormalization. Statistics are computed in float32 for half
-//! types, as ORT's CPU EP does.
+//! GroupNormalization (18 and 21), LpNormalization, MeanVarianceNormalization, and ORT's
+//! SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (RMS norms). Statistics are
+//! computed in float32 for half types, as ORT's CPU EP does.
 
 use ep_core::lowering::{FLOATS, FnLowering, normalize_axis, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -97,6 +98,77 @@ ep_core::register_lowering!(
         opsets: 23..=i32::MAX,
         claim: claim_rms_norm,
         lower: lower_rms_norm,
+        safety: CompileSafety::Shapeless,
+    }
+);
+
+/// ORT's SimplifiedLayerNormalization (ONNX domain, opset 1): the RMS norm, with its
+/// inverse-RMS output when asked for.
+fn lower_simplified_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let s = ctx.stream();
+    let r = x.ndim();
+    let axis = normalize_axis(node.attr_int("axis", -1)?, r)?;
+    let eps = node.attr_float("epsilon", 1e-5)? as f64;
+    let axes: Vec<i32> = (axis as i32..r as i32).collect();
+    let w = f32_of(x, s)?;
+    let ms = ops::mean_axes(&ops::square(&w, s)?, &axes, true, s)?;
+    let inv = ops::rsqrt(&ops::add(&ms, &ops::scalar(eps, ms.dtype(), s)?, s)?, s)?;
+    let y = ops::multiply(&ops::multiply(&w, &inv, s)?, &f32_of(ctx.input(1)?, s)?, s)?;
+    let mut outs = vec![ops::astype(&y, x.dtype(), s)?];
+    if node.outputs.len() > 1 {
+        outs.push(inv);
+    }
+    Ok(outs)
+}
+
+ep_core::register_lowering!(
+    SIMPLIFIED_LAYER_NORM = FnLowering {
+        domain: "",
+        op: "SimplifiedLayerNormalization",
+        opsets: 1..=22,
+        claim: claim_rms_norm,
+        lower: lower_simplified_norm,
+        safety: CompileSafety::Shapeless,
+    }
+);
+
+/// `RMSNorm(input + skip + bias) * gamma` over the last axis; outputs: the result, (unused
+/// mean), the inverse RMS, and the sum `input + skip + bias`.
+fn lower_skip_simplified_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    let x = ctx.input(0)?;
+    let mut sum = ops::add(x, ctx.input(1)?, s)?;
+    if let Some(bias) = ctx.optional_input(3) {
+        sum = ops::add(&sum, bias, s)?;
+    }
+    let eps = node.attr_float("epsilon", 1e-12)? as f64;
+    let w = f32_of(&sum, s)?;
+    let ms = ops::mean_axes(&ops::square(&w, s)?, &[-1], true, s)?;
+    let inv = ops::rsqrt(&ops::add(&ms, &ops::scalar(eps, ms.dtype(), s)?, s)?, s)?;
+    let y = ops::multiply(&ops::multiply(&w, &inv, s)?, &f32_of(ctx.input(2)?, s)?, s)?;
+    let unused_mean = ops::multiply(&inv, &ops::scalar(0.0, Dtype::F32, s)?, s)?;
+    Ok(vec![ops::astype(&y, x.dtype(), s)?, unused_mean, inv, sum])
+}
+
+fn claim_skip_simplified_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 3, 4)?;
+    for i in 0..4 {
+        require_input_type(node, i, FLOATS)?;
+    }
+    if node.output(1).is_some() {
+        return Err(Decline::new("the mean output of SkipSimplifiedLayerNormalization is not defined"));
+    }
+    Ok(())
+}
+
+ep_core::register_lowering!(
+    SKIP_SIMPLIFIED_LAYER_NORM = FnLowering {
+        domain: MS,
+        op: "SkipSimplifiedLayerNormalization",
+        opsets: 1..=i32::MAX,
+        claim: claim_skip_simplified_norm,
+        lower: lower_skip_simplified_norm,
         safety: CompileSafety::Shapeless,
     }
 );
@@ -261,6 +333,40 @@ ep_core::register_lowering!(
     }
 );
 
+fn claim_mvn(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_input_type(node, 0, FLOATS)
+}
+
+/// `(x - mean) / (sqrt(var) + 1e-9)` over `axes` (default `[0, 2, 3]`), as ONNX's function body
+/// computes it.
+fn lower_mvn(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let s = ctx.stream();
+    let r = x.ndim();
+    let axes: Vec<i32> = match node.attr_ints("axes")? {
+        Some(a) => a.iter().map(|&a| normalize_axis(a, r).map(|a| a as i32)).collect::<std::result::Result<_, _>>()?,
+        None => vec![0, 2, 3],
+    };
+    let w = f32_of(x, s)?;
+    let mean = ops::mean_axes(&w, &axes, true, s)?;
+    let centered = ops::subtract(&w, &mean, s)?;
+    let var = ops::mean_axes(&ops::square(&centered, s)?, &axes, true, s)?;
+    let std = ops::add(&ops::sqrt(&var, s)?, &ops::scalar(1e-9, Dtype::F32, s)?, s)?;
+    Ok(vec![ops::astype(&ops::divide(&centered, &std, s)?, x.dtype(), s)?])
+}
+
+ep_core::register_lowering!(
+    MVN = FnLowering {
+        domain: "",
+        op: "MeanVarianceNormalization",
+        opsets: 9..=i32::MAX,
+        claim: claim_mvn,
+        lower: lower_mvn,
+        safety: CompileSafety::Shapeless,
+    }
+);
+
 fn claim_lp_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 1, 1)?;
     require_input_type(node, 0, FLOATS)?;
@@ -319,6 +425,33 @@ mod spec {
     }
 
     register_spec!("", "LayerNormalization", || layer_norm(""));
+
+    register_spec!("", "SimplifiedLayerNormalization", || {
+        (float_dtype(), nonempty_shape(1..=3), seed())
+            .prop_map(|(t, s, seed)| {
+                let last = *s.last().expect("rank >= 1");
+                Case::op("SimplifiedLayerNormalization", 17)
+                    .input("x", t, &s)
+                    .input("scale", t, &[last])
+                    .attr_float("epsilon", 1e-5)
+                    .output("y", t, &s)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("com.microsoft", "SkipSimplifiedLayerNormalization", || {
+        (float_dtype(), 1..=2i64, 1..=4i64, 2..=8i64, any::<bool>(), seed())
+            .prop_map(|(t, b, sq, h, bias, seed)| {
+                let case = Case::domain_op("com.microsoft", "SkipSimplifiedLayerNormalization", 1)
+                    .input("x", t, &[b, sq, h])
+                    .input("skip", t, &[b, sq, h])
+                    .input("gamma", t, &[h]);
+                let case = if bias { case.input("bias", t, &[h]) } else { case };
+                case.attr_float("epsilon", 1e-5).output("y", t, &[b, sq, h]).with_seed(seed)
+            })
+            .boxed()
+    });
 
     register_spec!("", "RMSNormalization", || {
         (float_dtype(), nonempty_shape(1..=4), any::<prop::sample::Index>(), opset(23..=23), seed())
@@ -398,6 +531,16 @@ mod spec {
                     .attr_float("epsilon", 1e-3)
                     .output("y", t, &s)
                     .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "MeanVarianceNormalization", || {
+        (select(&[DType::F32][..]), collection::vec(2..=4i64, 4), any::<bool>(), opset(13..=22), seed())
+            .prop_map(|(t, s, default_axes, v, seed)| {
+                let case = Case::op("MeanVarianceNormalization", v).input("x", t, &s);
+                let case = if default_axes { case } else { case.attr_ints("axes", &[1, 3]) };
+                case.output("y", t, &s).with_seed(seed)
             })
             .boxed()
     });

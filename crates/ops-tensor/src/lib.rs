@@ -20,6 +20,7 @@ mod join;
 mod pad;
 mod resize;
 mod scatter;
+mod select;
 mod shape;
 mod slice;
 #[cfg(feature = "conformance")]

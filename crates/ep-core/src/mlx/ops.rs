@@ -549,3 +549,14 @@ pub fn shape_of(a: &Array) -> Result<Array> {
     let shape = a.shape();
     Array::from_slice(&shape, &[shape.len() as i64])
 }
+
+/// Einstein summation over `operands` (NumPy subscripts, `->` optional).
+pub fn einsum(subscripts: &str, operands: &[Array], s: &Stream) -> Result<Array> {
+    let spec =
+        std::ffi::CString::new(subscripts).map_err(|_| super::MlxError("einsum subscripts have a NUL".into()))?;
+    let v = super::VectorArray::from_arrays(operands)?;
+    let mut out = Array::empty();
+    // SAFETY: `spec` and `v` outlive the call.
+    check(unsafe { mlx_sys::mlx_einsum(&mut out.0, spec.as_ptr(), v.0, s.0) })?;
+    Ok(out)
+}
