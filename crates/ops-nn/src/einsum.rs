@@ -95,8 +95,11 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Attr, Case, register_spec};
 
+    /// An equation, its operands' shapes and the output shape.
+    type Equation = (&'static str, &'static [&'static [i64]], &'static [i64]);
+
     /// Matrix products, transposes, traces-free contractions and outer products.
-    const EQUATIONS: &[(&str, &[&[i64]], &[i64])] = &[
+    const EQUATIONS: &[Equation] = &[
         ("ij,jk->ik", &[&[3, 4], &[4, 5]], &[3, 5]),
         ("bij,bjk->bik", &[&[2, 3, 4], &[2, 4, 2]], &[2, 3, 2]),
         ("ij->ji", &[&[3, 4]], &[4, 3]),
