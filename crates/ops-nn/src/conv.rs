@@ -3,7 +3,7 @@
 //! channels-last convolution: the input is transposed to channels-last and back, the weight
 //! once per session when it is a constant.
 
-use crate::window::Window;
+use crate::window::{Window, windows};
 use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, ops};
 use ep_core::{CompileSafety, Decline, LowerCtx, NodeInfo, Result, bail};
@@ -40,29 +40,48 @@ fn lower_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     {
         bail!("kernel_shape {k:?} differs from the weight's {kernel:?}");
     }
-    let w = Window::of(node, &xs[2..], kernel, false)?;
+    let w = Window::of(node, &xs[2..], kernel.clone(), false)?;
+    let (cpg, mpg) = (xs[1] / groups, ws[0] / groups);
+    if groups > 1 && cpg == 1 && mpg == 1 {
+        // Depthwise: every channel's windows times its own kernel (MLX 0.32.2's grouped CPU
+        // convolution wrote past its output for kernels wider than a padded input).
+        let win = windows(x, &w, 0.0, s)?;
+        let k = r - 2;
+        let mut wshape = vec![1i64, xs[1]];
+        for &kk in &kernel {
+            wshape.extend([1, kk]);
+        }
+        let kern = ops::reshape(ctx.input(1)?, &wshape, s)?;
+        let axes: Vec<i32> = (0..k as i32).map(|i| 3 + 2 * i).collect();
+        let mut y = ops::sum_axes(&ops::multiply(&win, &kern, s)?, &axes, false, s)?;
+        if let Some(b) = ctx.optional_input(2) {
+            let mut shape = vec![1i64; r];
+            shape[1] = b.size() as i64;
+            y = ops::add(&y, &ops::reshape(b, &shape, s)?, s)?;
+        }
+        return Ok(vec![y]);
+    }
     let perm = to_channels_last(r);
     let weight = ctx
         .derived(1, "conv-weight-channels-last", |w, s| Ok(ops::transpose_axes(w, &to_channels_last(w.ndim()), s)?))?;
     let input = ops::transpose_axes(x, &perm, s)?;
     let ones = vec![1; r - 2];
-    let conv = |x: &Array, k: &Array, g: i64| {
-        ops::conv_general(x, k, &w.strides, &w.pad_lo, &w.pad_hi, &w.dilations, &ones, g, false, s)
+    let conv = |x: &Array, k: &Array| {
+        ops::conv_general(x, k, &w.strides, &w.pad_lo, &w.pad_hi, &w.dilations, &ones, 1, false, s)
     };
-    let y = if groups > 1 && r == 5 {
-        // MLX convolves groups in 1-D and 2-D only: a grouped 3-D convolution is one
-        // convolution per group, concatenated along the channels.
-        let (cpg, mpg) = (xs[1] / groups, ws[0] / groups);
-        let cut = |a: &Array, per: i64| -> Result<Vec<Array>> {
+    let y = if groups > 1 {
+        // One convolution per group, concatenated along the channels (MLX 0.32.2's grouped CPU
+        // convolution is not used: see above).
+        let cut = |a: &Array, per: i64, axis: i32| -> Result<Vec<Array>> {
             let bounds: Vec<i64> = (1..groups).map(|i| i * per).collect();
-            Ok(ops::split_at(a, &bounds, a.ndim() as i32 - 1, s)?)
+            Ok(ops::split_at(a, &bounds, axis, s)?)
         };
-        let parts = cut(&input, cpg)?;
-        let kernels = ops::split_at(&weight, &(1..groups).map(|i| i * mpg).collect::<Vec<_>>(), 0, s)?;
-        let ys = parts.iter().zip(&kernels).map(|(x, k)| conv(x, k, 1)).collect::<std::result::Result<Vec<_>, _>>()?;
+        let parts = cut(&input, cpg, r as i32 - 1)?;
+        let kernels = cut(&weight, mpg, 0)?;
+        let ys = parts.iter().zip(&kernels).map(|(x, k)| conv(x, k)).collect::<std::result::Result<Vec<_>, _>>()?;
         ops::concatenate(&ys, r as i32 - 1, s)?
     } else {
-        conv(&input, &weight, groups)?
+        conv(&input, &weight)?
     };
     // Back to channels-first: [0, r-1, 1, ..., r-2].
     let back: Vec<i32> = std::iter::once(0).chain(std::iter::once(r as i32 - 1)).chain(1..r as i32 - 1).collect();
@@ -87,11 +106,7 @@ ep_core::register_lowering!(
 );
 
 fn claim_conv_transpose(node: &NodeInfo) -> std::result::Result<(), Decline> {
-    claim_conv(node)?;
-    if node.attr_int("group", 1)? != 1 && ep_core::lowering::input_rank(node, 0) == Some(5) {
-        return Err(Decline::new("grouped 3-D ConvTranspose is not supported"));
-    }
-    Ok(())
+    claim_conv(node)
 }
 
 /// ConvTranspose as a convolution of the stride-dilated input with the flipped kernel, fully
@@ -164,7 +179,18 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
     let pad_lo: Vec<i64> = (0..k).map(|i| (kernel[i] - 1) * dilations[i]).collect();
     let pad_hi: Vec<i64> = (0..k).map(|i| (kernel[i] - 1) * dilations[i] + out_pad[i]).collect();
     let ones = vec![1; k];
-    let y = ops::conv_general(&input, &weight, &ones, &pad_lo, &pad_hi, &dilations, &strides, groups, true, s)?;
+    let deconv =
+        |x: &Array, w: &Array| ops::conv_general(x, w, &ones, &pad_lo, &pad_hi, &dilations, &strides, 1, true, s);
+    let y = if groups > 1 {
+        // Per group (MLX 0.32.2's grouped CPU convolution is not used).
+        let (cg, mg) = (xs[1] / groups, ws[1]);
+        let xparts = ops::split_at(&input, &(1..groups).map(|i| i * cg).collect::<Vec<_>>(), r as i32 - 1, s)?;
+        let wparts = ops::split_at(&weight, &(1..groups).map(|i| i * mg).collect::<Vec<_>>(), 0, s)?;
+        let ys = xparts.iter().zip(&wparts).map(|(x, w)| deconv(x, w)).collect::<std::result::Result<Vec<_>, _>>()?;
+        ops::concatenate(&ys, r as i32 - 1, s)?
+    } else {
+        deconv(&input, &weight)?
+    };
     // Crop the pads: [lo, full - hi) on every spatial axis (channels-last); negative pads add
     // zeros (outputs no input reaches).
     let ys = y.shape();
@@ -253,7 +279,45 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Conv", || {
+    // Depthwise convolutions (one channel per group), kernels wider than the padded input
+    // included: the form MobileNet-style networks use.
+    register_spec!("", "Conv", || { prop_oneof![3 => grouped_conv(), 1 => depthwise_conv()].boxed() });
+
+    fn depthwise_conv() -> BoxedStrategy<Case> {
+        (
+            float_dtype(),
+            1..=6i64,
+            collection::vec(1..=4i64, 2),
+            prop_oneof![Just(3i64), Just(5i64)],
+            1..=2i64,
+            any::<bool>(),
+            seed(),
+        )
+            .prop_map(|(t, c, spatial, k, stride, bias, seed)| {
+                let pad = k / 2;
+                let x = [vec![1, c], spatial.clone()].concat();
+                let unit = Values::Uniform { lo: -1.0, hi: 1.0 };
+                let mut case = Case::op("Conv", 13).input_with("x", t, &x, unit.clone()).input_with(
+                    "w",
+                    t,
+                    &[c, 1, k, k],
+                    unit.clone(),
+                );
+                if bias {
+                    case = case.input_with("b", t, &[c], unit);
+                }
+                let out: Vec<i64> = spatial.iter().map(|&i| (i + 2 * pad - k) / stride + 1).collect();
+                case.attr_int("group", c)
+                    .attr_ints("kernel_shape", &[k, k])
+                    .attr_ints("pads", &[pad; 4])
+                    .attr_ints("strides", &[stride, 1])
+                    .output("y", t, &[vec![1, c], out].concat())
+                    .with_seed(seed)
+            })
+            .boxed()
+    }
+
+    fn grouped_conv() -> BoxedStrategy<Case> {
         let geometry = (1..=3usize, 1..=2i64, 1..=2i64, 1..=3i64, 1..=2i64, 1..=2i64, 0..=1i64);
         (
             select(&[DType::F32, DType::F32, DType::F16][..]),
@@ -301,5 +365,5 @@ mod spec {
                 case.attr_ints("kernel_shape", &kernel).output("y", t, &out).with_seed(seed)
             })
             .boxed()
-    });
+    }
 }

@@ -21,8 +21,13 @@ impl Lowering for MatMul {
     fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline> {
         require_inputs(node, 2, 2)?;
         require_types(node, FLOATS)?;
-        require_input_rank(node, 0, 1..=8)?;
-        require_input_rank(node, 1, 1..=8)?;
+        // MLX's matmul has NumPy's semantics at every rank: an unknown rank (a dynamic Reshape
+        // in front) is fine; a known one must be at least 1.
+        for i in 0..2 {
+            if ep_core::lowering::input_rank(node, i) == Some(0) {
+                return Err(Decline::new("MatMul of a scalar"));
+            }
+        }
         Ok(())
     }
 

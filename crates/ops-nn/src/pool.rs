@@ -2,9 +2,9 @@
 //! `count_include_pad`) as a strided window view reduced over its window axes, and the global
 //! forms (GlobalMaxPool, GlobalAveragePool, GlobalLpPool) as reductions over the spatial axes.
 
-use crate::window::Window;
+use crate::window::{Window, windows};
 use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs};
-use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::mlx::{Array, Dtype, ops};
 use ep_core::{CompileSafety, Decline, LowerCtx, NodeInfo, Result};
 
 #[derive(Clone, Copy, PartialEq)]
@@ -30,30 +30,6 @@ fn claim_pool(node: &NodeInfo) -> std::result::Result<(), Decline> {
         Some(3..=5) => Ok(()),
         r => Err(Decline(format!("input rank {r:?}: 1-D, 2-D and 3-D pools are supported"))),
     }
-}
-
-/// The windows of a `[N, C, *spatial]` array padded per `w`: `[N, C, out1, k1, out2, k2, ...]`.
-/// Each spatial axis is gathered at host-computed tap positions `o * stride + t * dilation`
-/// (MLX 0.32.2 read overlapping strided views wrongly, so no `as_strided`).
-fn windows(x: &Array, w: &Window, pad_value: f64, s: &Stream) -> Result<Array> {
-    let shape = x.shape();
-    let k = shape.len() - 2;
-    let lo: Vec<i64> = [vec![0, 0], w.pad_lo.clone()].concat();
-    let hi: Vec<i64> = [vec![0, 0], w.pad_hi.iter().zip(&w.ceil_extra).map(|(a, b)| a + b).collect()].concat();
-    let mut y = if lo.iter().chain(&hi).any(|&p| p > 0) {
-        ops::pad(x, &lo, &hi, &ops::scalar(pad_value, x.dtype(), s)?, "constant", s)?
-    } else {
-        x.clone()
-    };
-    for i in 0..k {
-        // Axis 2 + 2i holds this spatial axis (earlier ones became (out, k) pairs).
-        let axis = 2 + 2 * i;
-        let taps: Vec<i64> =
-            (0..w.out[i]).flat_map(|o| (0..w.kernel[i]).map(move |t| o * w.strides[i] + t * w.dilations[i])).collect();
-        let idx = Array::from_slice(&taps, &[w.out[i], w.kernel[i]])?;
-        y = ops::take(&y, &idx, axis as i32, s)?;
-    }
-    Ok(y)
 }
 
 fn pool(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Array>> {

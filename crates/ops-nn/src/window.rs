@@ -1,6 +1,7 @@
 //! Sliding-window geometry shared by Conv and the pools: strides, dilations, explicit pads,
 //! `auto_pad` and `ceil_mode`, as ONNX defines them.
 
+use ep_core::mlx::{Array, Stream, ops};
 use ep_core::{AttrValue, NodeInfo, Result, bail};
 
 /// Where each window of one spatial axis starts and how the input is padded for it.
@@ -78,4 +79,29 @@ impl Window {
         }
         Ok(Window { kernel, strides, dilations, pad_lo, pad_hi, ceil_extra, out })
     }
+}
+
+/// The windows of a `[N, C, *spatial]` array padded per `w` (with `pad_value`):
+/// `[N, C, out1, k1, out2, k2, ...]`. Each spatial axis is gathered at host-computed tap
+/// positions `o * stride + t * dilation` (MLX 0.32.2 read overlapping strided views wrongly,
+/// so no `as_strided`).
+pub fn windows(x: &Array, w: &Window, pad_value: f64, s: &Stream) -> Result<Array> {
+    let shape = x.shape();
+    let k = shape.len() - 2;
+    let lo: Vec<i64> = [vec![0, 0], w.pad_lo.clone()].concat();
+    let hi: Vec<i64> = [vec![0, 0], w.pad_hi.iter().zip(&w.ceil_extra).map(|(a, b)| a + b).collect()].concat();
+    let mut y = if lo.iter().chain(&hi).any(|&p| p > 0) {
+        ops::pad(x, &lo, &hi, &ops::scalar(pad_value, x.dtype(), s)?, "constant", s)?
+    } else {
+        x.clone()
+    };
+    for i in 0..k {
+        // Axis 2 + 2i holds this spatial axis (earlier ones became (out, k) pairs).
+        let axis = 2 + 2 * i;
+        let taps: Vec<i64> =
+            (0..w.out[i]).flat_map(|o| (0..w.kernel[i]).map(move |t| o * w.strides[i] + t * w.dilations[i])).collect();
+        let idx = Array::from_slice(&taps, &[w.out[i], w.kernel[i]])?;
+        y = ops::take(&y, &idx, axis as i32, s)?;
+    }
+    Ok(y)
 }
