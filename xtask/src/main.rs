@@ -8,6 +8,7 @@ mod env;
 mod setup;
 mod test;
 mod util;
+mod wheel;
 
 use std::process::ExitCode;
 
@@ -27,6 +28,8 @@ commands:
                         suites, regenerating docs/CONFORMANCE.md; --json writes both as one object
   conformance --replay DIR
                         re-runs a saved failing case (target/conformance/failures/...)
+  wheel [--debug] [--cuda]
+                        the Python package (onnxruntime-mlx-ep) as a wheel under target/wheels/
   test                  everything CI runs: setup, build, cargo test, the Python check, and the
                         node tests held to crates/conformance/node-tests-passing.txt
 ";
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
         "run" => demo::run_model(rest),
         "test" => test::run(rest),
         "conformance" => conformance::run(rest),
+        "wheel" => wheel::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())

@@ -34,6 +34,7 @@ pub fn run(args: &[String]) -> Result {
         "--check-passing".to_string(),
         util::root().join(crate::conformance::PASSING_LIST).display().to_string(),
     ])?;
+    python_package()?;
     step("Python check (onnxruntime wheel + plugin)");
     util::run(
         Command::new(util::venv_python())
@@ -41,4 +42,39 @@ pub fn run(args: &[String]) -> Result {
             .env("ORT_MLX_EP_LIB", util::plugin_path("debug")),
     )?;
     Ok(())
+}
+
+/// Builds the wheel (debug plugin), installs it with `onnxruntime==1.31.1` into a fresh venv,
+/// and runs `python/check_wheel.py` there in a new process.
+fn python_package() -> Result {
+    let wheel = crate::wheel::build(true, false)?;
+    step("Python package: a fresh venv with onnxruntime==1.31.1 and the wheel");
+    let dir = util::target_dir().join("wheel-test");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let base = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    util::run(Command::new(&base).args(["-m", "venv"]).arg(dir.join("venv")))?;
+    let python = dir.join("venv/bin/python");
+    util::run(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "onnxruntime==1.31.1"])
+            .arg(&wheel),
+    )?;
+    let model = dir.join("model.onnx");
+    util::run(Command::new(util::venv_python()).arg(util::root().join("python/wheel_test_model.py")).arg(&model))?;
+    step("Python package: register through onnxruntime_mlx and run a model");
+    // The script runs from the test folder (a script's own folder comes first on sys.path, and
+    // python/ holds the package's sources) in an environment that points nowhere into the tree.
+    let script = dir.join("check_wheel.py");
+    std::fs::copy(util::root().join("python/check_wheel.py"), &script)
+        .map_err(|e| format!("copying check_wheel.py: {e}"))?;
+    util::run(
+        Command::new(&python)
+            .arg(&script)
+            .arg(&model)
+            .current_dir(&dir)
+            .env_remove("ORT_MLX_EP_LIB")
+            .env_remove("LD_LIBRARY_PATH")
+            .env_remove("PYTHONPATH"),
+    )
 }
