@@ -16,6 +16,17 @@ pub use conformance_spec::{Case, DType};
 use mlx_ep_host::values::{self, HostTensor};
 use mlx_ep_host::{Ep, MLX_EP, assignment, ep_of, session_builder};
 
+/// References every op crate, so the linker keeps their registrations (lowerings and specs)
+/// in a binary that only reads the registries.
+pub fn link_op_crates() {
+    ops_attention::link();
+    ops_controlflow::link();
+    ops_elementwise::link();
+    ops_nn::link();
+    ops_quant::link();
+    ops_tensor::link();
+}
+
 /// Tolerance `(atol, rtol)` per element type: a value passes when
 /// `|mlx - cpu| <= atol + rtol * |cpu|` (NaN matches NaN, infinities match exactly).
 /// Integers and bools are exact; shapes and element types are always exact.

@@ -8,14 +8,6 @@
 use conformance::suite::{self, Options};
 use std::process::ExitCode;
 
-// The op crates' registrations (lowerings and specs) must be linked in.
-use ops_attention as _;
-use ops_controlflow as _;
-use ops_elementwise as _;
-use ops_nn as _;
-use ops_quant as _;
-use ops_tensor as _;
-
 fn main() -> ExitCode {
     match run() {
         Ok(true) => ExitCode::SUCCESS,
@@ -28,12 +20,7 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<bool, String> {
-    ops_attention::link();
-    ops_controlflow::link();
-    ops_elementwise::link();
-    ops_nn::link();
-    ops_tensor::link();
-    ops_quant::link();
+    conformance::link_op_crates();
     let mut opts = Options { progress: true, ..Options::default() };
     let mut json = None;
     let mut args = std::env::args().skip(1);

@@ -4,21 +4,8 @@
 
 use conformance::suite::{self, CHECKED_IN_PYTHON, Options};
 
-// Link the op crates' registrations.
-use ops_attention as _;
-use ops_controlflow as _;
-use ops_elementwise as _;
-use ops_nn as _;
-use ops_quant as _;
-use ops_tensor as _;
-
 fn link() {
-    ops_attention::link();
-    ops_controlflow::link();
-    ops_elementwise::link();
-    ops_nn::link();
-    ops_tensor::link();
-    ops_quant::link();
+    conformance::link_op_crates();
 }
 
 #[test]

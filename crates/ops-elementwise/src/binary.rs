@@ -2,7 +2,7 @@
 //! and integers (integer Div truncates toward zero, as ONNX defines), Pow, Mod (both
 //! remainders), comparisons, logical and bitwise ops, BitShift.
 
-use ep_core::lowering::{FLOATS, INTS, NUMERIC, require_input_type, require_inputs};
+use ep_core::lowering::{ALL_TYPES, FLOATS, INTS, NUMERIC, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, Lowering, NodeInfo, Result};
 use std::ops::RangeInclusive;
@@ -146,21 +146,6 @@ fn bit_shift(a: &Array, b: &Array, node: &NodeInfo, s: &Stream) -> Result<Array>
 
 const BOOL: &[ElemType] = &[ElemType::Bool];
 const UNSIGNED: &[ElemType] = &[ElemType::U8, ElemType::U16, ElemType::U32, ElemType::U64];
-const COMPARABLE: &[ElemType] = &[
-    ElemType::F32,
-    ElemType::F16,
-    ElemType::BF16,
-    ElemType::F64,
-    ElemType::I8,
-    ElemType::I16,
-    ElemType::I32,
-    ElemType::I64,
-    ElemType::U8,
-    ElemType::U16,
-    ElemType::U32,
-    ElemType::U64,
-    ElemType::Bool,
-];
 
 ep_core::register_lowering!(ADD = Binary { op: "Add", since: 7, types: NUMERIC, rhs_types: None, f: add });
 ep_core::register_lowering!(SUB = Binary { op: "Sub", since: 7, types: NUMERIC, rhs_types: None, f: sub });
@@ -168,7 +153,7 @@ ep_core::register_lowering!(MUL = Binary { op: "Mul", since: 7, types: NUMERIC, 
 ep_core::register_lowering!(DIV = Binary { op: "Div", since: 7, types: NUMERIC, rhs_types: None, f: div });
 ep_core::register_lowering!(POW = Binary { op: "Pow", since: 7, types: NUMERIC, rhs_types: Some(NUMERIC), f: pow });
 ep_core::register_lowering!(MOD = Binary { op: "Mod", since: 10, types: NUMERIC, rhs_types: None, f: modulo });
-ep_core::register_lowering!(EQUAL = Binary { op: "Equal", since: 7, types: COMPARABLE, rhs_types: None, f: equal });
+ep_core::register_lowering!(EQUAL = Binary { op: "Equal", since: 7, types: ALL_TYPES, rhs_types: None, f: equal });
 ep_core::register_lowering!(LESS = Binary { op: "Less", since: 7, types: NUMERIC, rhs_types: None, f: less });
 ep_core::register_lowering!(GREATER = Binary { op: "Greater", since: 7, types: NUMERIC, rhs_types: None, f: greater });
 ep_core::register_lowering!(

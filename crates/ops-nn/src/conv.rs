@@ -19,6 +19,23 @@ fn claim_conv(node: &NodeInfo) -> std::result::Result<(), Decline> {
     }
 }
 
+/// The end of every convolution: channels-last back to channels-first, plus the bias.
+fn finish(y: &Array, r: usize, bias: Option<&Array>, s: &ep_core::mlx::Stream) -> Result<Array> {
+    let back: Vec<i32> = std::iter::once(0).chain(std::iter::once(r as i32 - 1)).chain(1..r as i32 - 1).collect();
+    let y = ops::transpose_axes(y, &back, s)?;
+    Ok(match bias {
+        Some(b) => add_bias(&y, b, s)?,
+        None => y,
+    })
+}
+
+/// `y + b` with `b` per channel (axis 1).
+fn add_bias(y: &Array, b: &Array, s: &ep_core::mlx::Stream) -> Result<Array> {
+    let mut shape = vec![1i64; y.ndim()];
+    shape[1] = b.size() as i64;
+    Ok(ops::add(y, &ops::reshape(b, &shape, s)?, s)?)
+}
+
 /// `[0, 2, 3, ..., 1]`: channels-first to channels-last.
 fn to_channels_last(r: usize) -> Vec<i32> {
     std::iter::once(0).chain(2..r as i32).chain(std::iter::once(1)).collect()
@@ -53,13 +70,11 @@ fn lower_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         }
         let kern = ops::reshape(ctx.input(1)?, &wshape, s)?;
         let axes: Vec<i32> = (0..k as i32).map(|i| 3 + 2 * i).collect();
-        let mut y = ops::sum_axes(&ops::multiply(&win, &kern, s)?, &axes, false, s)?;
-        if let Some(b) = ctx.optional_input(2) {
-            let mut shape = vec![1i64; r];
-            shape[1] = b.size() as i64;
-            y = ops::add(&y, &ops::reshape(b, &shape, s)?, s)?;
-        }
-        return Ok(vec![y]);
+        let y = ops::sum_axes(&ops::multiply(&win, &kern, s)?, &axes, false, s)?;
+        return Ok(vec![match ctx.optional_input(2) {
+            Some(b) => add_bias(&y, b, s)?,
+            None => y,
+        }]);
     }
     let perm = to_channels_last(r);
     let weight = ctx
@@ -83,15 +98,7 @@ fn lower_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     } else {
         conv(&input, &weight)?
     };
-    // Back to channels-first: [0, r-1, 1, ..., r-2].
-    let back: Vec<i32> = std::iter::once(0).chain(std::iter::once(r as i32 - 1)).chain(1..r as i32 - 1).collect();
-    let mut y = ops::transpose_axes(&y, &back, s)?;
-    if let Some(b) = ctx.optional_input(2) {
-        let mut shape = vec![1i64; r];
-        shape[1] = b.size() as i64;
-        y = ops::add(&y, &ops::reshape(b, &shape, s)?, s)?;
-    }
-    Ok(vec![y])
+    Ok(vec![finish(&y, r, ctx.optional_input(2), s)?])
 }
 
 ep_core::register_lowering!(
@@ -214,14 +221,7 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
         }
     }
     let y = ops::slice(&y, &start, &stop, s)?;
-    let back: Vec<i32> = std::iter::once(0).chain(std::iter::once(r as i32 - 1)).chain(1..r as i32 - 1).collect();
-    let mut y = ops::transpose_axes(&y, &back, s)?;
-    if let Some(b) = ctx.optional_input(2) {
-        let mut shape = vec![1i64; r];
-        shape[1] = b.size() as i64;
-        y = ops::add(&y, &ops::reshape(b, &shape, s)?, s)?;
-    }
-    Ok(vec![y])
+    Ok(vec![finish(&y, r, ctx.optional_input(2), s)?])
 }
 
 ep_core::register_lowering!(

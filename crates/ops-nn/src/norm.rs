@@ -68,6 +68,25 @@ ep_core::register_lowering!(
     }
 );
 
+/// `x * scale / sqrt(mean(x^2) + eps)` over `axes` in float32, and the inverse RMS.
+fn rms_normalize(x: &Array, scale: &Array, axes: &[i32], eps: f64, s: &Stream) -> Result<(Array, Array)> {
+    let w = f32_of(x, s)?;
+    let ms = ops::mean_axes(&ops::square(&w, s)?, axes, true, s)?;
+    let inv = ops::rsqrt(&ops::add(&ms, &ops::scalar(eps, ms.dtype(), s)?, s)?, s)?;
+    let y = ops::multiply(&ops::multiply(&w, &inv, s)?, &f32_of(scale, s)?, s)?;
+    Ok((y, inv))
+}
+
+/// The RMS norm of input 0 over the axes from `axis` on, scaled by input 1.
+fn rms_of_inputs(ctx: &LowerCtx<'_>, node: &NodeInfo) -> Result<(Array, Array)> {
+    let x = ctx.input(0)?;
+    let r = x.ndim();
+    let axis = normalize_axis(node.attr_int("axis", -1)?, r)?;
+    let eps = node.attr_float("epsilon", 1e-5)? as f64;
+    let axes: Vec<i32> = (axis as i32..r as i32).collect();
+    rms_normalize(x, ctx.input(1)?, &axes, eps, ctx.stream())
+}
+
 fn claim_rms_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 2, 2)?;
     for i in 0..2 {
@@ -78,17 +97,8 @@ fn claim_rms_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
 
 /// `x / sqrt(mean(x^2) + eps) * scale` over the axes from `axis` on.
 fn lower_rms_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let x = ctx.input(0)?;
-    let s = ctx.stream();
-    let r = x.ndim();
-    let axis = normalize_axis(node.attr_int("axis", -1)?, r)?;
-    let eps = node.attr_float("epsilon", 1e-5)? as f64;
-    let axes: Vec<i32> = (axis as i32..r as i32).collect();
-    let w = f32_of(x, s)?;
-    let ms = ops::mean_axes(&ops::square(&w, s)?, &axes, true, s)?;
-    let inv = ops::rsqrt(&ops::add(&ms, &ops::scalar(eps, ms.dtype(), s)?, s)?, s)?;
-    let y = ops::multiply(&ops::multiply(&w, &inv, s)?, &f32_of(ctx.input(1)?, s)?, s)?;
-    Ok(vec![ops::astype(&y, x.dtype(), s)?])
+    let (y, _) = rms_of_inputs(ctx, node)?;
+    Ok(vec![ops::astype(&y, ctx.input(0)?.dtype(), ctx.stream())?])
 }
 
 ep_core::register_lowering!(
@@ -105,17 +115,8 @@ ep_core::register_lowering!(
 /// ORT's SimplifiedLayerNormalization (ONNX domain, opset 1): the RMS norm, with its
 /// inverse-RMS output when asked for.
 fn lower_simplified_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let x = ctx.input(0)?;
-    let s = ctx.stream();
-    let r = x.ndim();
-    let axis = normalize_axis(node.attr_int("axis", -1)?, r)?;
-    let eps = node.attr_float("epsilon", 1e-5)? as f64;
-    let axes: Vec<i32> = (axis as i32..r as i32).collect();
-    let w = f32_of(x, s)?;
-    let ms = ops::mean_axes(&ops::square(&w, s)?, &axes, true, s)?;
-    let inv = ops::rsqrt(&ops::add(&ms, &ops::scalar(eps, ms.dtype(), s)?, s)?, s)?;
-    let y = ops::multiply(&ops::multiply(&w, &inv, s)?, &f32_of(ctx.input(1)?, s)?, s)?;
-    let mut outs = vec![ops::astype(&y, x.dtype(), s)?];
+    let (y, inv) = rms_of_inputs(ctx, node)?;
+    let mut outs = vec![ops::astype(&y, ctx.input(0)?.dtype(), ctx.stream())?];
     if node.outputs.len() > 1 {
         outs.push(inv);
     }
@@ -143,10 +144,7 @@ fn lower_skip_simplified_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result
         sum = ops::add(&sum, bias, s)?;
     }
     let eps = node.attr_float("epsilon", 1e-12)? as f64;
-    let w = f32_of(&sum, s)?;
-    let ms = ops::mean_axes(&ops::square(&w, s)?, &[-1], true, s)?;
-    let inv = ops::rsqrt(&ops::add(&ms, &ops::scalar(eps, ms.dtype(), s)?, s)?, s)?;
-    let y = ops::multiply(&ops::multiply(&w, &inv, s)?, &f32_of(ctx.input(2)?, s)?, s)?;
+    let (y, inv) = rms_normalize(&sum, ctx.input(2)?, &[-1], eps, s)?;
     let unused_mean = ops::multiply(&inv, &ops::scalar(0.0, Dtype::F32, s)?, s)?;
     Ok(vec![ops::astype(&y, x.dtype(), s)?, unused_mean, inv, sum])
 }
