@@ -1,4 +1,4 @@
-//! Data-dependent selections: NonZero and Compress. Their output shapes depend on input values,
+//! Data-dependent selections: NonZero, Compress and Unique. Their output shapes depend on input values,
 //! so the condition is read on the host and the partition runs eagerly.
 
 use ep_core::lowering::{ALL_TYPES, FnLowering, normalize_axis, require_input_type, require_inputs};
@@ -77,6 +77,79 @@ ep_core::register_lowering!(
     }
 );
 
+fn claim_unique(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_input_type(
+        node,
+        0,
+        &[ElemType::F32, ElemType::F64, ElemType::I64, ElemType::I32, ElemType::I8, ElemType::U8],
+    )
+}
+
+/// Unique elements (no `axis`: of the flattened input) or slices along `axis`: sorted
+/// ascending (`sorted=1`, lexicographically for slices) or in order of first occurrence; with
+/// the first-occurrence indices, the inverse indices and the counts. Values are gathered from
+/// the input itself, so they keep its exact type.
+fn lower_unique(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let s = ctx.stream_for(x.dtype());
+    let values = ctx.host_f64(0)?;
+    let (data, axis) = match node.attr("axis") {
+        Some(_) => (x.clone(), normalize_axis(node.attr_int("axis", 0)?, x.ndim())?),
+        None => (ops::reshape(x, &[-1], s)?, 0),
+    };
+    let shape = data.shape();
+    let n = shape[axis] as usize;
+    let outer: usize = shape[..axis].iter().product::<i64>() as usize;
+    let inner: usize = shape[axis + 1..].iter().product::<i64>() as usize;
+    // The elements of slice i along `axis`, in row-major order.
+    let slice = |i: usize| -> Vec<f64> {
+        (0..outer).flat_map(|o| (0..inner).map(move |j| (o * n + i) * inner + j)).map(|k| values[k]).collect()
+    };
+    let slices: Vec<Vec<f64>> = (0..n).map(slice).collect();
+    let mut firsts: Vec<usize> = Vec::new();
+    let mut inverse_first = vec![0usize; n];
+    for i in 0..n {
+        match firsts.iter().position(|&f| slices[f] == slices[i]) {
+            Some(p) => inverse_first[i] = p,
+            None => {
+                inverse_first[i] = firsts.len();
+                firsts.push(i);
+            }
+        }
+    }
+    // Output order: by value when sorted, else by first occurrence.
+    let mut order: Vec<usize> = (0..firsts.len()).collect();
+    if node.attr_int("sorted", 1)? == 1 {
+        order.sort_by(|&a, &b| slices[firsts[a]].partial_cmp(&slices[firsts[b]]).unwrap_or(std::cmp::Ordering::Equal));
+    }
+    let mut rank = vec![0i64; firsts.len()];
+    for (r, &u) in order.iter().enumerate() {
+        rank[u] = r as i64;
+    }
+    let indices: Vec<i64> = order.iter().map(|&u| firsts[u] as i64).collect();
+    let inverse: Vec<i64> = inverse_first.iter().map(|&u| rank[u]).collect();
+    let mut counts = vec![0i64; firsts.len()];
+    for &u in &inverse {
+        counts[u as usize] += 1;
+    }
+    let k = indices.len() as i64;
+    let idx = Array::from_slice(&indices, &[k])?;
+    let y = ops::take(&data, &idx, axis as i32, s)?;
+    Ok(vec![y, idx, Array::from_slice(&inverse, &[inverse.len() as i64])?, Array::from_slice(&counts, &[k])?])
+}
+
+ep_core::register_lowering!(
+    UNIQUE = FnLowering {
+        domain: "",
+        op: "Unique",
+        opsets: 11..=i32::MAX,
+        claim: claim_unique,
+        lower: lower_unique,
+        safety: CompileSafety::Never,
+    }
+);
+
 #[cfg(feature = "conformance")]
 mod spec {
     use conformance_spec::strategy::*;
@@ -95,6 +168,59 @@ mod spec {
                 Case::op("NonZero", v)
                     .input_with("x", t, &s, Values::Data(data))
                     .output("y", DType::I64, &[s.len() as i64, nnz])
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "Unique", || {
+        (
+            select(&[DType::F32, DType::I64][..]),
+            nonempty_shape(1..=3),
+            any::<prop::sample::Index>(),
+            any::<(bool, bool)>(),
+            seed(),
+        )
+            .prop_map(|(t, s, pick, (with_axis, sorted), seed)| {
+                // Few distinct values, so repeats occur; the output lengths come from the data.
+                let n: i64 = s.iter().product();
+                let data: Vec<f64> = (0..n).map(|i| ((i * 5 + seed as i64) % 4) as f64 - 1.0).collect();
+                let axis = pick.index(s.len());
+                let (count, mut y_shape) = if with_axis {
+                    let inner: i64 = s[axis + 1..].iter().product();
+                    let outer: i64 = s[..axis].iter().product();
+                    let d = s[axis];
+                    let slices: Vec<Vec<i64>> = (0..d)
+                        .map(|i| {
+                            (0..outer)
+                                .flat_map(|o| (0..inner).map(move |j| (o * d + i) * inner + j))
+                                .map(|k| data[k as usize] as i64)
+                                .collect()
+                        })
+                        .collect();
+                    let mut distinct = slices.clone();
+                    distinct.sort();
+                    distinct.dedup();
+                    (distinct.len() as i64, s.clone())
+                } else {
+                    let mut v: Vec<i64> = data.iter().map(|&x| x as i64).collect();
+                    v.sort();
+                    v.dedup();
+                    (v.len() as i64, vec![0])
+                };
+                if with_axis {
+                    y_shape[axis] = count;
+                } else {
+                    y_shape[0] = count;
+                }
+                let inverse_len = if with_axis { s[axis] } else { n };
+                let case =
+                    Case::op("Unique", 11).input_with("x", t, &s, Values::Data(data)).attr_int("sorted", sorted as i64);
+                let case = if with_axis { case.attr_int("axis", axis as i64) } else { case };
+                case.output("y", t, &y_shape)
+                    .output("indices", DType::I64, &[count])
+                    .output("inverse", DType::I64, &[inverse_len])
+                    .output("counts", DType::I64, &[count])
                     .with_seed(seed)
             })
             .boxed()
