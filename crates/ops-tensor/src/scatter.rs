@@ -31,6 +31,13 @@ fn claim_scatter(node: &NodeInfo) -> std::result::Result<(), Decline> {
     Ok(())
 }
 
+/// The stream for a scatter into `data`: MLX's GPU scatter takes no 64-bit integers (0.32.2),
+/// so those run on the CPU stream.
+fn scatter_stream<'a>(ctx: &LowerCtx<'a>, data: &Array) -> &'a Stream {
+    let wide_int = matches!(data.dtype(), Dtype::I64 | Dtype::U64 | Dtype::F64);
+    if wide_int && ep_core::mlx::default_device_is_gpu() { ctx.cpu_stream() } else { ctx.stream() }
+}
+
 /// `idx + dim` where `idx < 0`, as int64.
 fn wrap(idx: &Array, dim: &Array, s: &Stream) -> Result<Array> {
     let idx = ops::astype(idx, Dtype::I64, s)?;
@@ -40,7 +47,7 @@ fn wrap(idx: &Array, dim: &Array, s: &Stream) -> Result<Array> {
 
 fn lower_scatter_elements(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let (data, idx, upd) = (ctx.input(0)?, ctx.input(1)?, ctx.input(2)?);
-    let s = ctx.stream_for(data.dtype());
+    let s = scatter_stream(ctx, data);
     let shape = data.shape();
     let r = shape.len();
     let axis = normalize_axis(node.attr_int("axis", 0)?, r)?;
@@ -83,7 +90,7 @@ ep_core::register_lowering!(
 
 fn lower_scatter_nd(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let (data, idx, upd) = (ctx.input(0)?, ctx.input(1)?, ctx.input(2)?);
-    let s = ctx.stream_for(data.dtype());
+    let s = scatter_stream(ctx, data);
     let shape = data.shape();
     let is = idx.shape();
     let Some(&k) = is.last() else { bail!("indices are a scalar") };

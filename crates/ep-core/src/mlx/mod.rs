@@ -20,7 +20,7 @@ mod tests;
 pub use array::{Array, VectorArray};
 pub use closure::Closure;
 pub use dtype::Dtype;
-pub use stream::Stream;
+pub use stream::{Stream, default_device_is_gpu};
 
 use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_int, c_void};

@@ -38,6 +38,19 @@ impl Stream {
     }
 }
 
+/// Whether MLX's default device is a GPU (Metal or CUDA backends), where float64 does not run.
+pub fn default_device_is_gpu() -> bool {
+    init();
+    // SAFETY: out-handles are created by mlx-c and freed on every path.
+    unsafe {
+        let mut dev = mlx_sys::mlx_device_new();
+        let mut kind = mlx_sys::mlx_device_type::MLX_CPU;
+        let ok = mlx_sys::mlx_get_default_device(&mut dev) == 0 && mlx_sys::mlx_device_get_type(&mut kind, dev) == 0;
+        mlx_sys::mlx_device_free(dev);
+        ok && kind == mlx_sys::mlx_device_type::MLX_GPU
+    }
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: we own the handle.

@@ -6,6 +6,7 @@ use super::graph_reader::{self, graph_nodes, node_inputs, node_outputs, read_nod
 use super::tables::{OrtEp, OrtEpGraphSupportInfo, OrtNodeComputeInfo, OrtNodeFusionOptions, TABLE_VERSION};
 use super::{check_status, ep_api, ort_call};
 use crate::exec::Plan;
+use crate::graph::ElemType;
 use crate::graph::NodeInfo;
 use crate::partition::{PartNode, partition, topological_order};
 use crate::stats::SessionStats;
@@ -102,8 +103,18 @@ fn decide(registry: &registry::Registry, node: &NodeInfo) -> std::result::Result
             }
         }
     }
+    // MLX GPUs have no float64: on a GPU device such nodes stay with ORT's CPU EP (whose float64
+    // kernels are faster than MLX's CPU stream would be anyway).
+    if *GPU_DEVICE
+        && let Some(v) = node.inputs.iter().chain(&node.outputs).flatten().find(|v| v.elem_type == Some(ElemType::F64))
+    {
+        return Err(format!("'{}' is float64, which MLX's GPU does not support", v.name));
+    }
     registry.claim(node).map(|_| ()).map_err(|d| d.0)
 }
+
+/// Whether MLX runs on a GPU in this process (read once).
+static GPU_DEVICE: std::sync::LazyLock<bool> = std::sync::LazyLock::new(crate::mlx::default_device_is_gpu);
 
 /// The producer edges between `nodes`, by value name.
 fn part_nodes(nodes: &[NodeInfo], claimed: impl Fn(usize) -> bool) -> Vec<PartNode> {
