@@ -30,10 +30,14 @@ fn apply(kind: Kind, x: &Array, axis: usize, s: &ep_core::mlx::Stream) -> Result
             ops::add(&ops::subtract(x, x, s)?, &ops::astype(&Array::scalar_f32(1.0), x.dtype(), s)?, s)?
         }
         Kind::Softmax => {
-            // Half types in float32, rounded once (as ORT's CPU EP computes them).
             let t = x.dtype();
             if t == Dtype::F16 || t == Dtype::BF16 {
-                ops::astype(&ops::softmax(&ops::astype(x, Dtype::F32, s)?, axis as i32, s)?, t, s)?
+                // ONNX's definition step by step, each step rounded to the half type:
+                // exp(x - max) / sum(exp(x - max)), the sum accumulated in float32.
+                let a = axis as i32;
+                let e = ops::exp(&ops::subtract(x, &ops::max_axes(x, &[a], true, s)?, s)?, s)?;
+                let sum = ops::astype(&ops::sum_axes(&ops::astype(&e, Dtype::F32, s)?, &[a], true, s)?, t, s)?;
+                ops::divide(&e, &sum, s)?
             } else {
                 ops::softmax(x, axis as i32, s)?
             }
