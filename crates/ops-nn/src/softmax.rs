@@ -1,7 +1,7 @@
 //! Softmax, LogSoftmax and Hardmax. Opset 13 on: along one axis (default -1). Opsets 1 to 12: the
 //! input is viewed as a 2-D matrix split at `axis` (default 1) and each row is normalised.
 
-use ep_core::lowering::{FLOATS, require_input_rank, require_inputs, require_types};
+use ep_core::lowering::{FLOATS, require_inputs, require_types};
 use ep_core::mlx::{Array, Dtype, ops};
 use ep_core::{CompileSafety, Decline, Error, LowerCtx, Lowering, NodeInfo, Result};
 use std::ops::RangeInclusive;
@@ -86,8 +86,14 @@ impl Lowering for Softmax {
     fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline> {
         require_inputs(node, 1, 1)?;
         require_types(node, FLOATS)?;
-        let rank = require_input_rank(node, 0, 1..=8)?;
-        self.axis(node, rank)?;
+        // With a known rank the axis is checked now; with an unknown one (a dynamic Reshape in
+        // front) when the shape is known, as an error naming the node.
+        if let Some(rank) = ep_core::lowering::input_rank(node, 0) {
+            if rank == 0 {
+                return Err(Decline::new("Softmax of a scalar"));
+            }
+            self.axis(node, rank)?;
+        }
         Ok(())
     }
 
