@@ -28,7 +28,8 @@ pub fn link_op_crates() {
 }
 
 /// Tolerance `(atol, rtol)` per element type: a value passes when
-/// `|mlx - cpu| <= atol + rtol * |cpu|` (NaN matches NaN, infinities match exactly).
+/// `|mlx - cpu| <= atol` or `|mlx - cpu| <= rtol * max(|mlx|, |cpu|)` (`approx::relative_eq`;
+/// NaN matches NaN, infinities match exactly).
 /// Integers and bools are exact; shapes and element types are always exact.
 pub fn tolerance(t: DType) -> (f64, f64) {
     match t {
