@@ -105,10 +105,9 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
         let ms = m.shape();
         let last = *ms.last().unwrap_or(&total);
         if last < total {
-            let mut lo = vec![0i64; ms.len()];
+            let lo = vec![0i64; ms.len()];
             let mut hi = vec![0i64; ms.len()];
             hi[ms.len() - 1] = total - last;
-            lo.fill(0);
             m = ops::pad(&m, &lo, &hi, &neg_inf, "constant", s)?;
         }
         add_bias(m)?;

@@ -76,11 +76,7 @@ fn cumulative(ctx: &mut LowerCtx<'_>, node: &NodeInfo, product: bool) -> Result<
     let exclusive = node.attr_int("exclusive", 0)? == 1;
     let reverse = node.attr_int("reverse", 0)? == 1;
     let s = ctx.stream_for(x.dtype());
-    let y = if product {
-        ops::cumprod(x, axis as i32, reverse, !exclusive, s)?
-    } else {
-        ops::cumsum(x, axis as i32, reverse, !exclusive, s)?
-    };
+    let y = ops::cumulative(x, axis as i32, product, reverse, !exclusive, s)?;
     Ok(vec![ops::astype(&y, x.dtype(), s)?])
 }
 

@@ -69,9 +69,33 @@ fn cubic_weights(t: f64, a: f64) -> [f64; 4] {
     [w(t + 1.0), w(t), w(1.0 - t), w(2.0 - t)]
 }
 
-#[allow(clippy::too_many_arguments)]
-fn plan_axis(node: &NodeInfo, mode: &str, n_in: i64, n_out: i64, scale: f64, roi: (f64, f64)) -> Result<AxisPlan> {
-    let ctm = string_attr(node, "coordinate_transformation_mode", "half_pixel");
+/// The coordinate transformation and nearest rounding a resize uses.
+#[derive(Clone, Copy)]
+struct Modes<'a> {
+    ctm: &'a str,
+    nearest: &'a str,
+}
+
+impl<'a> Modes<'a> {
+    /// Resize's attributes (ONNX defaults).
+    fn of(node: &'a NodeInfo) -> Modes<'a> {
+        Modes {
+            ctm: string_attr(node, "coordinate_transformation_mode", "half_pixel"),
+            nearest: string_attr(node, "nearest_mode", "round_prefer_floor"),
+        }
+    }
+}
+
+fn plan_axis(
+    node: &NodeInfo,
+    modes: Modes<'_>,
+    mode: &str,
+    n_in: i64,
+    n_out: i64,
+    scale: f64,
+    roi: (f64, f64),
+) -> Result<AxisPlan> {
+    let ctm = modes.ctm;
     // In float32, as ORT computes it: the rounding of nearest modes depends on it.
     // align_corners and tf_crop_and_resize use the unrounded resized length `in * scale`, as
     // ONNX defines them (ORT's CPU EP uses the rounded one and fails those node tests).
@@ -118,7 +142,7 @@ fn plan_axis(node: &NodeInfo, mode: &str, n_in: i64, n_out: i64, scale: f64, roi
         plan.outside.push(ctm == "tf_crop_and_resize" && (x < 0.0 || x > last as f64));
         match mode {
             "nearest" => {
-                let i = match string_attr(node, "nearest_mode", "round_prefer_floor") {
+                let i = match modes.nearest {
                     "round_prefer_ceil" => (x + 0.5).floor(),
                     "floor" => x.floor(),
                     "ceil" => x.ceil(),
@@ -194,6 +218,10 @@ fn apply(x: &Array, axis: usize, plan: &AxisPlan, extrapolation: f64, s: &Stream
 }
 
 fn lower_resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    resize(ctx, node, Modes::of(node))
+}
+
+fn resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo, modes: Modes<'_>) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
     let shape = x.shape();
     let r = shape.len();
@@ -278,7 +306,7 @@ fn lower_resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             Some(v) if v.len() == 2 * k => (v[j], v[j + k]),
             _ => (0.0, 1.0),
         };
-        let plan = plan_axis(node, mode, shape[a], out[a], scale[a], roi_a)?;
+        let plan = plan_axis(node, modes, mode, shape[a], out[a], scale[a], roi_a)?;
         y = apply(&y, a, &plan, extrapolation, s)?;
     }
     Ok(vec![y])
@@ -309,10 +337,7 @@ fn claim_upsample(node: &NodeInfo) -> std::result::Result<(), Decline> {
 
 /// Upsample: Resize with the asymmetric transform and floor rounding for nearest.
 fn lower_upsample(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let mut n = node.clone();
-    n.attributes.insert("coordinate_transformation_mode".into(), AttrValue::String("asymmetric".into()));
-    n.attributes.insert("nearest_mode".into(), AttrValue::String("floor".into()));
-    lower_resize(ctx, &n)
+    resize(ctx, node, Modes { ctm: "asymmetric", nearest: "floor" })
 }
 
 ep_core::register_lowering!(

@@ -134,14 +134,6 @@ pub fn astype(a: &Array, dtype: Dtype, s: &Stream) -> Result<Array> {
     Ok(out)
 }
 
-pub fn reshape(a: &Array, shape: &[i64], s: &Stream) -> Result<Array> {
-    let shape = dims(shape);
-    let mut out = Array::empty();
-    // SAFETY: `shape` outlives the call.
-    check(unsafe { mlx_sys::mlx_reshape(&mut out.0, a.0, shape.as_ptr(), shape.len(), s.0) })?;
-    Ok(out)
-}
-
 /// Permutes axes.
 pub fn transpose_axes(a: &Array, axes: &[i32], s: &Stream) -> Result<Array> {
     let axes: Vec<c_int> = axes.iter().map(|&d| d as c_int).collect();
@@ -163,6 +155,26 @@ pub fn contiguous(a: &Array, s: &Stream) -> Result<Array> {
 pub fn scale(a: &Array, factor: f32, s: &Stream) -> Result<Array> {
     let f = astype(&Array::scalar_f32(factor), a.dtype(), s)?;
     multiply(a, &f, s)
+}
+
+macro_rules! with_shape {
+    ($($(#[$doc:meta])* $name:ident => $raw:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(a: &Array, shape: &[i64], s: &Stream) -> Result<Array> {
+            let shape = dims(shape);
+            let mut out = Array::empty();
+            // SAFETY: `shape` outlives the call.
+            check(unsafe { mlx_sys::$raw(&mut out.0, a.0, shape.as_ptr(), shape.len(), s.0) })?;
+            Ok(out)
+        }
+    )*};
+}
+
+with_shape! {
+    reshape => mlx_reshape;
+    broadcast_to => mlx_broadcast_to;
+    /// Repeats `a` `shape[i]` times along each axis.
+    tile => mlx_tile;
 }
 
 fn dims(v: &[i64]) -> Vec<c_int> {
@@ -401,37 +413,13 @@ pub fn pad(a: &Array, low: &[i64], high: &[i64], value: &Array, mode: &str, s: &
     Ok(out)
 }
 
-pub fn broadcast_to(a: &Array, shape: &[i64], s: &Stream) -> Result<Array> {
-    let shape = dims(shape);
-    let mut out = Array::empty();
-    // SAFETY: `shape` outlives the call.
-    check(unsafe { mlx_sys::mlx_broadcast_to(&mut out.0, a.0, shape.as_ptr(), shape.len(), s.0) })?;
-    Ok(out)
-}
-
-pub fn tile(a: &Array, reps: &[i64], s: &Stream) -> Result<Array> {
-    let reps = dims(reps);
-    let mut out = Array::empty();
-    // SAFETY: `reps` outlives the call.
-    check(unsafe { mlx_sys::mlx_tile(&mut out.0, a.0, reps.as_ptr(), reps.len(), s.0) })?;
-    Ok(out)
-}
-
-/// Cumulative sum along `axis`.
-pub fn cumsum(a: &Array, axis: i32, reverse: bool, inclusive: bool, s: &Stream) -> Result<Array> {
+/// Cumulative sum (`product: false`) or product along `axis`, in `a`'s dtype.
+pub fn cumulative(a: &Array, axis: i32, product: bool, reverse: bool, inclusive: bool, s: &Stream) -> Result<Array> {
+    let f = if product { mlx_sys::mlx_cumprod_axis } else { mlx_sys::mlx_cumsum_axis };
+    let keep = mlx_sys::mlx_optional_dtype { value: a.dtype().to_raw(), has_value: false };
     let mut out = Array::empty();
     // SAFETY: as above.
-    let keep = mlx_sys::mlx_optional_dtype { value: a.dtype().to_raw(), has_value: false };
-    check(unsafe { mlx_sys::mlx_cumsum_axis(&mut out.0, a.0, axis as c_int, reverse, inclusive, keep, s.0) })?;
-    Ok(out)
-}
-
-/// Cumulative product along `axis`.
-pub fn cumprod(a: &Array, axis: i32, reverse: bool, inclusive: bool, s: &Stream) -> Result<Array> {
-    let mut out = Array::empty();
-    let keep = mlx_sys::mlx_optional_dtype { value: a.dtype().to_raw(), has_value: false };
-    // SAFETY: as above.
-    check(unsafe { mlx_sys::mlx_cumprod_axis(&mut out.0, a.0, axis as c_int, reverse, inclusive, keep, s.0) })?;
+    check(unsafe { f(&mut out.0, a.0, axis as c_int, reverse, inclusive, keep, s.0) })?;
     Ok(out)
 }
 

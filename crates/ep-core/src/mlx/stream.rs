@@ -39,7 +39,13 @@ impl Stream {
 }
 
 /// Whether MLX's default device is a GPU (Metal or CUDA backends), where float64 does not run.
+/// Read once per process.
 pub fn default_device_is_gpu() -> bool {
+    static GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *GPU.get_or_init(read_default_device_is_gpu)
+}
+
+fn read_default_device_is_gpu() -> bool {
     init();
     // SAFETY: out-handles are created by mlx-c and freed on every path.
     unsafe {

@@ -105,16 +105,13 @@ fn decide(registry: &registry::Registry, node: &NodeInfo) -> std::result::Result
     }
     // MLX GPUs have no float64: on a GPU device such nodes stay with ORT's CPU EP (whose float64
     // kernels are faster than MLX's CPU stream would be anyway).
-    if *GPU_DEVICE
+    if crate::mlx::default_device_is_gpu()
         && let Some(v) = node.inputs.iter().chain(&node.outputs).flatten().find(|v| v.elem_type == Some(ElemType::F64))
     {
         return Err(format!("'{}' is float64, which MLX's GPU does not support", v.name));
     }
     registry.claim(node).map(|_| ()).map_err(|d| d.0)
 }
-
-/// Whether MLX runs on a GPU in this process (read once).
-static GPU_DEVICE: std::sync::LazyLock<bool> = std::sync::LazyLock::new(crate::mlx::default_device_is_gpu);
 
 /// The producer edges between `nodes`, by value name.
 fn part_nodes(nodes: &[NodeInfo], claimed: impl Fn(usize) -> bool) -> Vec<PartNode> {
