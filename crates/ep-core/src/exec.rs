@@ -93,8 +93,7 @@ impl Translation {
         for node in &self.nodes {
             let info = &node.info;
             let args: Vec<Option<Array>> = node.inputs.iter().map(|&src| resolve(&values, src)).collect();
-            let constant_ids =
-                node.inputs.iter().map(|src| if let Source::Constant(i) = src { Some(*i) } else { None }).collect();
+            let constant_ids = node.inputs.iter().map(|src| self.constant_identity(*src)).collect();
             let tracer = self.stats.tracer();
             let described = tracer.map(|_| describe(&args));
             let started = Instant::now();
@@ -142,6 +141,15 @@ impl Translation {
             results.push(mlx::ops::contiguous(&a, stream)?);
         }
         Ok((results, write_backs))
+    }
+
+    /// The identity of a constant input for the derived-constant cache: the address of its
+    /// shared MLX copy (equal weights in two sessions are one copy).
+    fn constant_identity(&self, src: Source) -> Option<usize> {
+        match src {
+            Source::Constant(i) => Some(Arc::as_ptr(&self.constants[i].1) as usize),
+            _ => None,
+        }
     }
 
     /// Resolves a lowering's in-place update request against the partition: `None` when the

@@ -145,7 +145,7 @@ impl Lowering for FnLowering {
 /// session cache for work done on constant inputs.
 pub struct LowerCtx<'a> {
     inputs: Vec<Option<Array>>,
-    /// For each input that is a constant of the partition: its index in the plan.
+    /// For each input that is a constant of the partition: its identity (see [`DerivedConstants`]).
     constants: Vec<Option<usize>>,
     derived: Option<&'a DerivedConstants>,
     stream: &'a Stream,
@@ -427,27 +427,57 @@ impl<'a> LowerCtx<'a> {
     }
 
     /// `transform(input i)`. When input `i` is a constant, the result is computed and
-    /// evaluated once per session (per constant and `tag`) and reused by every later run and
-    /// by every node asking for the same `tag` of the same constant: weight transposes, casts
-    /// and repacks cost nothing after the first run. `tag` names the transform and must
-    /// determine it completely.
+    /// evaluated once (per constant and `tag`) and reused by every later run, by every node
+    /// asking for the same `tag` of the same constant, and by other sessions holding the same
+    /// weights (constants are shared by content): weight transposes, casts and repacks cost
+    /// nothing after the first run. `tag` names the transform and must determine it completely.
     pub fn derived(
         &self,
         i: usize,
-        tag: &'static str,
+        tag: &str,
         transform: impl FnOnce(&Array, &Stream) -> Result<Array>,
     ) -> Result<Array> {
-        let input = self.input(i)?;
-        match (self.constants.get(i).copied().flatten(), self.derived) {
-            (Some(id), Some(cache)) => cache.get_or_compute(id, tag, || transform(input, self.stream)),
-            _ => transform(input, self.stream),
+        let mut out = self.derived_many(&[i], tag, |args, s| Ok(vec![transform(args[0], s)?]))?;
+        Ok(out.remove(0))
+    }
+
+    /// [`Self::derived`] over several inputs and with several results (a weight, its scales
+    /// and zero points repacked together). Cached only when every listed input is a constant;
+    /// otherwise `transform` runs on each call.
+    pub fn derived_many(
+        &self,
+        inputs: &[usize],
+        tag: &str,
+        transform: impl FnOnce(&[&Array], &Stream) -> Result<Vec<Array>>,
+    ) -> Result<Vec<Array>> {
+        let args: Vec<&Array> = inputs.iter().map(|&i| self.input(i)).collect::<Result<_>>()?;
+        let ids: Option<Vec<usize>> = inputs.iter().map(|&i| self.constants.get(i).copied().flatten()).collect();
+        match (ids, self.derived) {
+            (Some(ids), Some(cache)) => {
+                Ok(cache.get_or_compute(ids, tag, || transform(&args, self.stream))?.as_ref().clone())
+            }
+            _ => transform(&args, self.stream),
         }
     }
 }
 
-/// The session's cache of values derived from constants, keyed by (constant, transform tag).
+type DerivedKey = (Vec<usize>, String);
+
+/// The process-wide index of derived constants, so sessions of one model share them.
+fn shared_derived() -> &'static std::sync::Mutex<std::collections::HashMap<DerivedKey, std::sync::Weak<Vec<Array>>>> {
+    static TABLE: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<DerivedKey, std::sync::Weak<Vec<Array>>>>,
+    > = std::sync::OnceLock::new();
+    TABLE.get_or_init(Default::default)
+}
+
+/// The session's cache of values derived from constants, keyed by (the constants' identities,
+/// transform tag). A constant's identity is its shared MLX copy (see [`crate::shared`]): equal
+/// weights in two sessions are one copy, so their derived values are found across sessions
+/// too. Entries live as long as a plan holds them (a plan also holds the constants they were
+/// derived from, so an identity is never reused while an entry for it lives).
 pub struct DerivedConstants {
-    values: std::sync::Mutex<std::collections::HashMap<(usize, &'static str), Array>>,
+    values: std::sync::Mutex<std::collections::HashMap<DerivedKey, std::sync::Arc<Vec<Array>>>>,
     stats: std::sync::Arc<crate::stats::SessionStats>,
 }
 
@@ -456,16 +486,32 @@ impl DerivedConstants {
         DerivedConstants { values: Default::default(), stats }
     }
 
-    fn get_or_compute(&self, id: usize, tag: &'static str, compute: impl FnOnce() -> Result<Array>) -> Result<Array> {
+    fn get_or_compute(
+        &self,
+        ids: Vec<usize>,
+        tag: &str,
+        compute: impl FnOnce() -> Result<Vec<Array>>,
+    ) -> Result<std::sync::Arc<Vec<Array>>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let key = (ids, tag.to_owned());
         let mut values = self.values.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(a) = values.get(&(id, tag)) {
-            return Ok(a.clone());
+        if let Some(a) = values.get(&key) {
+            return Ok(std::sync::Arc::clone(a));
         }
-        let a = compute()?;
-        a.eval()?;
-        self.stats.derived_constants.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        values.insert((id, tag), a.clone());
-        Ok(a)
+        let mut shared = shared_derived().lock().unwrap_or_else(|p| p.into_inner());
+        shared.retain(|_, w| w.strong_count() > 0);
+        if let Some(found) = shared.get(&key).and_then(std::sync::Weak::upgrade) {
+            self.stats.derived_constants_shared.fetch_add(1, Relaxed);
+            values.insert(key, std::sync::Arc::clone(&found));
+            return Ok(found);
+        }
+        let arrays = compute()?;
+        crate::mlx::VectorArray::from_arrays(&arrays)?.eval()?;
+        self.stats.derived_constants.fetch_add(1, Relaxed);
+        let arrays = std::sync::Arc::new(arrays);
+        shared.insert(key.clone(), std::sync::Arc::downgrade(&arrays));
+        values.insert(key, std::sync::Arc::clone(&arrays));
+        Ok(arrays)
     }
 }
 

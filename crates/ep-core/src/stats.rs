@@ -51,6 +51,8 @@ pub struct SessionStats {
     pub eager_runs: AtomicU64,
     /// Values computed from constants (transposes, casts, repacks), each once per session.
     pub derived_constants: AtomicU64,
+    /// Derived values found in another session's cache (same weights) instead of computed.
+    pub derived_constants_shared: AtomicU64,
     /// Bytes copied into outputs bound to the buffer of the input they update (changed rows).
     pub written_back_bytes: AtomicU64,
     /// Bytes of such outputs not copied because they were already in place.
@@ -156,7 +158,12 @@ impl SessionStats {
             Self::count(&self.traces),
             Self::count(&self.compiles)
         );
-        let _ = writeln!(s, "  derived constants computed: {}", Self::count(&self.derived_constants));
+        let _ = writeln!(
+            s,
+            "  derived constants computed: {} (shared from another session: {})",
+            Self::count(&self.derived_constants),
+            Self::count(&self.derived_constants_shared)
+        );
         let _ = writeln!(
             s,
             "  in-place outputs: {} bytes of changed rows written, {} bytes already in place",

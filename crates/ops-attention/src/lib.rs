@@ -9,6 +9,8 @@
 #![forbid(unsafe_code)]
 
 mod attention;
+mod group_query_attention;
+mod rotary;
 mod tensor_scatter;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.

@@ -1,10 +1,14 @@
-//! The quant op family. It registers no lowerings yet; it exists so the plugin's
-//! `quant` feature, the registry and the trimmed builds are wired from the start.
+//! Quantized ops: `com.microsoft` MatMulNBits (block-quantized weights, repacked once into
+//! MLX's quantized layout) and GatherBlockQuantized (quantized embedding tables).
 //!
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`], end it with
-//! `ep_core::register_lowering!(NAME = Value);`, and add its `mod` line here.
+//! `ep_core::register_lowering!(NAME = Value);`, and add its `mod` line here. List it in
+//! `crates/plugin/registered-ops.txt` and register its conformance spec next to it
+//! (`conformance_spec::register_spec!`, behind the `conformance` feature).
 #![forbid(unsafe_code)]
+
+mod matmul_nbits;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
 pub fn link() {}

@@ -117,3 +117,66 @@ fn a_panicking_closure_is_contained() {
 fn the_version_is_the_pinned_one() {
     assert_eq!(version().unwrap(), "0.32.2");
 }
+
+fn close(a: &[f32], b: &[f32], tol: f32) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= tol * (1.0 + y.abs()), "element {i}: {x} vs {y}");
+    }
+}
+
+#[test]
+fn quantized_matmul_matches_the_dequantized_product() {
+    let _g = lock();
+    let s = cpu();
+    let w: Vec<f32> = (0..4 * 64).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+    let x: Vec<f32> = (0..2 * 64).map(|i| ((i * 13 % 17) as f32 - 8.0) / 8.0).collect();
+    let w = Array::from_slice(&w, &[4, 64]).unwrap();
+    let x = Array::from_slice(&x, &[2, 64]).unwrap();
+    let (q, scales, biases) = ops::quantize(&w, 32, 4, &s).unwrap();
+    assert_eq!(q.dtype(), Dtype::U32);
+    assert_eq!(scales.shape(), vec![4, 2]);
+    let deq = ops::dequantize(&q, &scales, &biases, 32, 4, Dtype::F32, &s).unwrap();
+    let reference = ops::matmul(&x, &ops::transpose(&deq, &s).unwrap(), &s).unwrap();
+    let fused = ops::quantized_matmul(&x, &q, &scales, &biases, true, 32, 4, &s).unwrap();
+    close(&fused.to_vec::<f32>(&s).unwrap(), &reference.to_vec::<f32>(&s).unwrap(), 1e-5);
+}
+
+#[test]
+fn fused_rope_attention_and_rms_norm_match_their_definitions() {
+    let _g = lock();
+    let s = cpu();
+    // Rope of [1, 1, 3, 4] with offset 2, half-split pairs, inverse frequencies [1, 0.5].
+    let xv: Vec<f32> = (0..12).map(|i| i as f32 / 6.0 - 1.0).collect();
+    let x = Array::from_slice(&xv, &[1, 1, 3, 4]).unwrap();
+    let freqs = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+    let got = ops::rope(&x, 4, false, &freqs, 2, &s).unwrap().to_vec::<f32>(&s).unwrap();
+    let mut want = vec![0f32; 12];
+    for p in 0..3 {
+        for j in 0..2 {
+            // MLX's `freqs` are periods: the angle is position / freq.
+            let theta = (p + 2) as f32 / [1.0f32, 2.0][j];
+            let (a, b) = (xv[p * 4 + j], xv[p * 4 + j + 2]);
+            want[p * 4 + j] = a * theta.cos() - b * theta.sin();
+            want[p * 4 + j + 2] = a * theta.sin() + b * theta.cos();
+        }
+    }
+    close(&got, &want, 1e-5);
+    // Attention of one query over two keys.
+    let q = Array::from_slice(&[1.0f32, 0.0], &[1, 1, 1, 2]).unwrap();
+    let k = Array::from_slice(&[1.0f32, 0.0, 0.0, 1.0], &[1, 1, 2, 2]).unwrap();
+    let v = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[1, 1, 2, 2]).unwrap();
+    let y = ops::scaled_dot_product_attention(&q, &k, &v, 1.0, None, false, &s).unwrap();
+    let p0 = 1.0f32.exp() / (1.0f32.exp() + 1.0);
+    close(&y.to_vec::<f32>(&s).unwrap(), &[p0 + 3.0 * (1.0 - p0), 2.0 * p0 + 4.0 * (1.0 - p0)], 1e-5);
+    // RMS norm of [3, 4] with weight [1, 2].
+    let r = ops::rms_norm(
+        &Array::from_slice(&[3.0f32, 4.0], &[1, 2]).unwrap(),
+        &Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap(),
+        0.0,
+        &s,
+    )
+    .unwrap();
+    let rms = 12.5f32.sqrt();
+    close(&r.to_vec::<f32>(&s).unwrap(), &[3.0 / rms, 8.0 / rms], 1e-5);
+}

@@ -1,0 +1,397 @@
+//! `com.microsoft` GroupQueryAttention, the attention of onnxruntime-genai's decoders: packed
+//! or separate Q/K/V `[B, S, heads * H]`, grouped key/value heads, rotary inside the op
+//! (`do_rotary` with the model's cos/sin caches, interleaved or not, partial), a KV cache
+//! `[B, kv_heads, P, H]` that grows (present has `total_sequence_length` rows) or is one
+//! max-length buffer shared by past and present, right padding per batch entry (`seqlens_k`),
+//! causal or not, `local_window_size`, `softcap`, `attention_bias`, `smooth_softmax` and
+//! `head_sink`.
+//!
+//! The ORT semantics followed: batch entry `b` holds `T_b = seqlens_k[b] + 1` tokens; on the
+//! first prompt (`S == total_sequence_length`) its new tokens start at 0, afterwards at
+//! `past_b = T_b - S`. The new K/V rows (K after rotary) go to present rows
+//! `[past_b, past_b + S)`, past rows `[0, past_b)` are kept and every other row is zero.
+//! Query `s` sees keys `[lo, hi)` with `hi = min(past_b + s + 1, T_b)` (causal) or `T_b`,
+//! and `lo = hi - local_window_size` when the window is smaller. Scores are
+//! `softcap(scale * q k) + bias`, computed in float32 for half types.
+//!
+//! Every position is computed on the device from `seqlens_k` (no host read); only
+//! `total_sequence_length` (the present length) is read on the host, which in genai's graphs
+//! is a shape and so costs nothing.
+
+use crate::rotary;
+use ep_core::lowering::{FnLowering, require_input_type, require_inputs};
+use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::{CompileSafety, Decline, ElemType, Error, LowerCtx, NodeInfo, Result, bail};
+
+const TYPES: &[ElemType] = &[ElemType::F32, ElemType::F16, ElemType::BF16];
+
+fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 16)?;
+    if node.input(5).is_none() || node.input(6).is_none() {
+        return Err(Decline::new("seqlens_k and total_sequence_length are required"));
+    }
+    for i in [0, 1, 2, 3, 4, 7, 8, 10, 11] {
+        require_input_type(node, i, TYPES)?;
+    }
+    let t = node.input(0).and_then(|v| v.elem_type);
+    for i in [1, 2, 3, 4] {
+        if let Some(v) = node.input(i)
+            && v.elem_type != t
+        {
+            return Err(Decline(format!(
+                "input {i} is {:?} and query {t:?} (quantized caches are not supported)",
+                v.elem_type
+            )));
+        }
+    }
+    require_input_type(node, 5, &[ElemType::I32])?;
+    require_input_type(node, 6, &[ElemType::I32])?;
+    require_input_type(node, 9, &[ElemType::I64])?;
+    for (i, what) in [(12, "k_scale"), (13, "v_scale"), (14, "q_norm_weight"), (15, "k_norm_weight")] {
+        if node.input(i).is_some() {
+            return Err(Decline(format!("{what} is not supported")));
+        }
+    }
+    if node.input(1).is_some() != node.input(2).is_some() || node.input(3).is_some() != node.input(4).is_some() {
+        return Err(Decline::new("key/value and past_key/past_value must come in pairs"));
+    }
+    if node.attr_int("qk_output", 0)? != 0 || node.output(3).is_some() {
+        return Err(Decline::new("the output_qk output is not supported"));
+    }
+    if node.attr_int("sliding_window_cache", 0)? != 0 {
+        return Err(Decline::new("sliding_window_cache is not supported"));
+    }
+    for (attr, default) in [("k_quant_type", "NONE"), ("v_quant_type", "NONE")] {
+        if let Some(ep_core::AttrValue::String(v)) = node.attr(attr)
+            && v != default
+        {
+            return Err(Decline(format!("{attr}={v} (quantized KV caches) is not supported")));
+        }
+    }
+    let (heads, kv_heads) = (node.attr_int("num_heads", 0)?, node.attr_int("kv_num_heads", 0)?);
+    if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
+        return Err(Decline(format!("num_heads={heads} must be a positive multiple of kv_num_heads={kv_heads}")));
+    }
+    if node.attr_int("do_rotary", 0)? == 1 && (node.input(7).is_none() || node.input(8).is_none()) {
+        return Err(Decline::new("do_rotary needs cos_cache and sin_cache"));
+    }
+    if ep_core::lowering::input_rank(node, 0) != Some(3) {
+        return Err(Decline::new("query must be 3-D [batch, sequence, hidden]"));
+    }
+    Ok(())
+}
+
+struct Geometry {
+    batch: i64,
+    seq: i64,
+    kv_heads: i64,
+    head: i64,
+}
+
+/// `[B, S, heads * H]` to `[B, heads, S, H]`.
+fn to_heads(x: &Array, g: &Geometry, heads: i64, s: &Stream) -> Result<Array> {
+    let t = ops::reshape(x, &[g.batch, g.seq, heads, g.head], s)?;
+    Ok(ops::transpose_axes(&t, &[0, 2, 1, 3], s)?)
+}
+
+/// `[1, .., n, ..]` integers `0..n` along `axis` of a rank-4 shape.
+fn iota(n: i64, axis: usize, s: &Stream) -> Result<Array> {
+    let mut shape = [1i64; 4];
+    shape[axis] = n;
+    Ok(ops::reshape(&ops::arange(0.0, n as f64, 1.0, Dtype::I32, s)?, &shape, s)?)
+}
+
+fn int(v: i64, s: &Stream) -> Result<Array> {
+    Ok(ops::scalar(v as f64, Dtype::I32, s)?)
+}
+
+/// Present K or V: past rows below `past_b` kept, `new` (`[B, kv_heads, S, H]`) at rows
+/// `[past_b, past_b + S)`, zeros elsewhere; `len` rows.
+fn present(past: Option<&Array>, new: &Array, past_b: &Array, len: i64, g: &Geometry, s: &Stream) -> Result<Array> {
+    let rows = iota(len, 2, s)?;
+    let zero = ops::scalar(0.0, new.dtype(), s)?;
+    let base = match past {
+        Some(p) => {
+            let p_len = p.shape()[2];
+            let p = if p_len < len {
+                ops::pad(p, &[0, 0, 0, 0], &[0, 0, len - p_len, 0], &zero, "constant", s)?
+            } else {
+                p.clone()
+            };
+            ops::where_(&ops::less(&rows, past_b, s)?, &p, &zero, s)?
+        }
+        None => ops::full(&[g.batch, g.kv_heads, len, g.head], &zero, new.dtype(), s)?,
+    };
+    // Row r takes new[r - past_b] where that is in [0, S).
+    let offset = ops::subtract(&rows, past_b, s)?;
+    let inside =
+        ops::logical_and(&ops::greater_equal(&offset, &int(0, s)?, s)?, &ops::less(&offset, &int(g.seq, s)?, s)?, s)?;
+    let index = ops::clip(&offset, Some(&int(0, s)?), Some(&int(g.seq - 1, s)?), s)?;
+    let index = ops::broadcast_to(&index, &[g.batch, g.kv_heads, len, g.head], s)?;
+    let gathered = ops::take_along_axis(new, &index, 2, s)?;
+    Ok(ops::where_(&inside, &gathered, &base, s)?)
+}
+
+fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    let query = ctx.input(0)?;
+    let dtype = query.dtype();
+    let qs = query.shape();
+    let (heads, kv_heads) = (node.attr_int("num_heads", 0)?, node.attr_int("kv_num_heads", 0)?);
+    let packed = ctx.optional_input(1).is_none();
+    let width = if packed { heads + 2 * kv_heads } else { heads };
+    if qs.len() != 3 || qs[2] % width != 0 {
+        bail!("query {qs:?} does not split into {width} heads");
+    }
+    let g = Geometry { batch: qs[0], seq: qs[1], kv_heads, head: qs[2] / width };
+    let f32 = |a: &Array| -> Result<Array> { Ok(ops::astype(a, Dtype::F32, s)?) };
+    let (q, k, v) = if packed {
+        let parts = ops::split_at(query, &[heads * g.head, (heads + kv_heads) * g.head], 2, s)?;
+        (parts[0].clone(), parts[1].clone(), parts[2].clone())
+    } else {
+        (query.clone(), ctx.input(1)?.clone(), ctx.input(2)?.clone())
+    };
+    let (mut q, mut k) = (to_heads(&q, &g, heads, s)?, to_heads(&k, &g, kv_heads, s)?);
+    let v = to_heads(&v, &g, kv_heads, s)?;
+
+    let past_k = ctx.optional_input(3).cloned();
+    let past_v = ctx.optional_input(4).cloned();
+    let past_len = past_k.as_ref().map_or(0, |p| p.shape()[2]);
+    let total = *ctx
+        .host_i64(6)
+        .map_err(|e| Error::new(format!("total_sequence_length: {e}")))?
+        .first()
+        .ok_or_else(|| Error::new("total_sequence_length is empty"))?;
+    let present_len = total.max(past_len);
+    let first_prompt = g.seq == total;
+    // T_b and past_b, [B, 1, 1, 1].
+    let seqlens = ops::reshape(&ops::astype(ctx.input(5)?, Dtype::I32, s)?, &[g.batch, 1, 1, 1], s)?;
+    let t_b = ops::add(&seqlens, &int(1, s)?, s)?;
+    let past_b = if first_prompt {
+        ops::full(&[g.batch, 1, 1, 1], &int(0, s)?, Dtype::I32, s)?
+    } else {
+        ops::subtract(&t_b, &int(g.seq, s)?, s)?
+    };
+
+    if node.attr_int("do_rotary", 0)? == 1 {
+        let interleaved = node.attr_int("rotary_interleaved", 0)? == 1;
+        let steps = ops::reshape(&ops::arange(0.0, g.seq as f64, 1.0, Dtype::I32, s)?, &[1, g.seq], s)?;
+        let positions = match ctx.optional_input(9) {
+            Some(ids) if first_prompt => {
+                let first = ops::slice(ids, &[0, 0], &[1, 1], s)?;
+                ops::add(&ops::astype(&first, Dtype::I32, s)?, &steps, s)?
+            }
+            Some(ids) => ops::slice(&ops::astype(ids, Dtype::I32, s)?, &[0, 0], &[g.batch, g.seq], s)?,
+            None => ops::add(&ops::reshape(&past_b, &[g.batch, 1], s)?, &steps, s)?,
+        };
+        let positions = ops::broadcast_to(&positions, &[g.batch, g.seq], s)?;
+        let (cos, sin) = rotary::angles(ctx.input(7)?, ctx.input(8)?, &positions, s)?;
+        // Rounded back to the model's type, as the cache holds them.
+        q = ops::astype(&rotary::rotate(&f32(&q)?, &cos, &sin, interleaved, s)?, dtype, s)?;
+        k = ops::astype(&rotary::rotate(&f32(&k)?, &cos, &sin, interleaved, s)?, dtype, s)?;
+    }
+    let present_k = present(past_k.as_ref(), &k, &past_b, present_len, &g, s)?;
+    let present_v = present(past_v.as_ref(), &v, &past_b, present_len, &g, s)?;
+
+    // Which keys each query sees: [B, 1, S, L].
+    let causal = node.attr_int("causal", 1)? == 1;
+    let window = node.attr_int("local_window_size", -1)?;
+    // The keys [lo, hi): up to the causal frontier (capped at the last valid key) and at most
+    // `window` of them.
+    let hi = if causal {
+        ops::minimum(&ops::add(&ops::add(&past_b, &iota(g.seq, 2, s)?, s)?, &int(1, s)?, s)?, &t_b, s)?
+    } else {
+        t_b.clone()
+    };
+    let keys = iota(present_len, 3, s)?;
+    let mut allowed = ops::less(&keys, &hi, s)?;
+    let mut dead = None;
+    if window >= 0 {
+        let lo = ops::maximum(&ops::subtract(&hi, &int(window, s)?, s)?, &int(0, s)?, s)?;
+        allowed = ops::logical_and(&allowed, &ops::greater_equal(&keys, &lo, s)?, s)?;
+        // A zero-size window sees nothing: 0.
+        dead = Some(ops::less_equal(&hi, &lo, s)?);
+    }
+
+    let scale = match node.attr_float("scale", 0.0)? {
+        x if x != 0.0 => x,
+        _ => 1.0 / (g.head as f32).sqrt(),
+    };
+    let softcap = node.attr_float("softcap", 0.0)?;
+    let sink = node.attr_int("smooth_softmax", 0)? == 1 || ctx.optional_input(11).is_some();
+    // The bias covers total_sequence_length keys; a longer static cache's extra keys are
+    // masked anyway.
+    let bias = match ctx.optional_input(10) {
+        Some(b) => {
+            let b = f32(b)?;
+            let bs = b.shape();
+            let last = bs[bs.len() - 1];
+            Some(if last < present_len {
+                let zero = ops::scalar(0.0, Dtype::F32, s)?;
+                ops::pad(&b, &vec![0; bs.len()], &[0, 0, 0, present_len - last], &zero, "constant", s)?
+            } else {
+                b
+            })
+        }
+        None => None,
+    };
+    let (qf, kf, vf) = (f32(&q)?, f32(&present_k)?, f32(&present_v)?);
+    let y = if softcap <= 0.0 && !sink {
+        let neg_inf = ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?;
+        let mut mask = ops::where_(&allowed, &ops::scalar(0.0, Dtype::F32, s)?, &neg_inf, s)?;
+        if let Some(b) = &bias {
+            mask = ops::add(&mask, b, s)?;
+        }
+        ops::scaled_dot_product_attention(&qf, &kf, &vf, scale, Some(&mask), false, s)?
+    } else {
+        let reps = heads / kv_heads;
+        let repeat = |x: &Array| -> Result<Array> {
+            let sh = x.shape();
+            let t = ops::broadcast_to(&ops::expand_dims(x, 2, s)?, &[sh[0], sh[1], reps, sh[2], sh[3]], s)?;
+            Ok(ops::reshape(&t, &[sh[0], sh[1] * reps, sh[2], sh[3]], s)?)
+        };
+        let (kr, vr) = (repeat(&kf)?, repeat(&vf)?);
+        let mut scores = ops::scale(&ops::matmul(&qf, &ops::transpose_axes(&kr, &[0, 1, 3, 2], s)?, s)?, scale, s)?;
+        if softcap > 0.0 {
+            let c = ops::scalar(softcap as f64, Dtype::F32, s)?;
+            scores = ops::multiply(&ops::tanh(&ops::divide(&scores, &c, s)?, s)?, &c, s)?;
+        }
+        if let Some(b) = &bias {
+            scores = ops::add(&scores, b, s)?;
+        }
+        let neg_inf = ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?;
+        scores = ops::where_(&allowed, &scores, &neg_inf, s)?;
+        let probs = if sink {
+            // An extra logit per head (head_sink, or 0) that takes probability but no value.
+            let sink_logit = match ctx.optional_input(11) {
+                Some(h) => ops::reshape(&f32(h)?, &[1, heads, 1, 1], s)?,
+                None => ops::scalar(0.0, Dtype::F32, s)?,
+            };
+            let sink_col = ops::broadcast_to(&sink_logit, &[g.batch, heads, g.seq, 1], s)?;
+            let with_sink = ops::concatenate(&[scores, sink_col], 3, s)?;
+            ops::split_at(&ops::softmax(&with_sink, -1, s)?, &[present_len], 3, s)?.remove(0)
+        } else {
+            ops::softmax(&scores, -1, s)?
+        };
+        ops::matmul(&probs, &vr, s)?
+    };
+    let y = match dead {
+        Some(d) => ops::where_(&d, &ops::scalar(0.0, Dtype::F32, s)?, &y, s)?,
+        None => y,
+    };
+    let y = ops::reshape(&ops::transpose_axes(&y, &[0, 2, 1, 3], s)?, &[g.batch, g.seq, heads * g.head], s)?;
+    Ok(vec![ops::astype(&y, dtype, s)?, present_k, present_v])
+}
+
+ep_core::register_lowering!(
+    GROUP_QUERY_ATTENTION = FnLowering {
+        domain: "com.microsoft",
+        op: "GroupQueryAttention",
+        opsets: 1..=i32::MAX,
+        claim,
+        lower,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, DType, Values, register_spec};
+
+    /// Per batch entry, a total length in `lo..=hi` (one entry reaching `hi`).
+    fn lengths(batch: i64, lo: i64, hi: i64, seed: u64) -> Vec<i64> {
+        let span = (hi - lo + 1) as u64;
+        (0..batch).map(|b| if b == 0 { hi } else { lo + ((seed >> (8 * b)) % span) as i64 }).collect()
+    }
+
+    register_spec!("com.microsoft", "GroupQueryAttention", || {
+        let heads = (1..=2i64, 1..=2i64, prop_oneof![Just(16i64), Just(32)], 1..=2i64);
+        let flags = (any::<(bool, bool, bool)>(), 0..3u8, 0..4u8, any::<(bool, bool)>());
+        (dtype_of(&[DType::F32, DType::F16]), heads, 0..3u8, (1..=4i64, 0..=5i64), flags, seed())
+            .prop_map(
+                |(
+                    t,
+                    (kvh, reps, h, b),
+                    phase,
+                    (sq, past),
+                    ((packed, rotary, interleaved), window, cache, (cap, sink)),
+                    seed,
+                )| {
+                    let nh = kvh * reps;
+                    // phase 0: first prompt (no past); 1: one-token decode; 2: a later prompt (B = 1).
+                    let (b, sq) = match phase {
+                        0 => (b, sq),
+                        1 => (b, 1),
+                        _ => (1, sq.max(2)),
+                    };
+                    let past = if phase == 0 { 0 } else { past.max(1) };
+                    let total = past + sq;
+                    // ORT's float32 flash path (no softcap, no smooth softmax) and its reference
+                    // path disagree on the padded query rows of a windowed first prompt (rows
+                    // whose outputs nothing reads): such cases are left unpadded. The EP follows
+                    // the reference path.
+                    let totals = match phase {
+                        0 if window > 0 => vec![sq; b as usize],
+                        0 => lengths(b, 1, sq, seed),
+                        _ => lengths(b, sq, total, seed),
+                    };
+                    // cache 0 or 1: a growing cache; else one static buffer longer than total.
+                    let p_rows = if phase == 0 {
+                        0
+                    } else if cache < 2 {
+                        past
+                    } else {
+                        total + (cache as i64 - 1)
+                    };
+                    let present_rows = total.max(p_rows);
+                    let mut case = Case::domain_op("com.microsoft", "GroupQueryAttention", 1);
+                    if packed {
+                        case = case.input("qkv", t, &[b, sq, (nh + 2 * kvh) * h]).absent().absent();
+                    } else {
+                        case = case.input("q", t, &[b, sq, nh * h]).input("k", t, &[b, sq, kvh * h]).input(
+                            "v",
+                            t,
+                            &[b, sq, kvh * h],
+                        );
+                    }
+                    case = if phase == 0 {
+                        case.absent().absent()
+                    } else {
+                        case.input("past_k", t, &[b, kvh, p_rows, h]).input("past_v", t, &[b, kvh, p_rows, h])
+                    };
+                    let seqlens = totals.iter().map(|&x| (x - 1) as f64).collect();
+                    case = case.input_with("seqlens_k", DType::I32, &[b], Values::Data(seqlens)).constant(
+                        "total_len",
+                        DType::I32,
+                        &[],
+                        Values::Data(vec![total as f64]),
+                    );
+                    if rotary {
+                        let half = if h == 32 && interleaved { 8 } else { h / 2 };
+                        case = case
+                            .constant("cos", t, &[total + 4, half], Values::Uniform { lo: -1.0, hi: 1.0 })
+                            .constant("sin", t, &[total + 4, half], Values::Uniform { lo: -1.0, hi: 1.0 })
+                            .attr_int("do_rotary", 1)
+                            .attr_int("rotary_interleaved", interleaved as i64);
+                    }
+                    if sink {
+                        case = case.attr_int("smooth_softmax", 1);
+                    }
+                    if cap {
+                        case = case.attr_float("softcap", 3.0);
+                    }
+                    if window > 0 {
+                        case = case.attr_int("local_window_size", window as i64 * 2 - 1);
+                    }
+                    case.attr_int("num_heads", nh)
+                        .attr_int("kv_num_heads", kvh)
+                        .output("y", t, &[b, sq, nh * h])
+                        .output("present_k", t, &[b, kvh, present_rows, h])
+                        .output("present_v", t, &[b, kvh, present_rows, h])
+                        .with_seed(seed)
+                },
+            )
+            .boxed()
+    });
+}

@@ -1,0 +1,64 @@
+//! Rotary position embedding, shared by RotaryEmbedding (`com.microsoft` and ONNX 23) and
+//! GroupQueryAttention's `do_rotary`: the first `rotary_dim` features of each head are rotated
+//! by the angles of each token's position, read from the model's cos/sin caches (so any
+//! frequency scaling the model baked into them is honoured); the rest pass through.
+//!
+//! With `h = rotary_dim / 2`, `c = cos[pos, i]`, `s = sin[pos, i]`:
+//! half-split pairs `(x[i], x[i + h])`, interleaved pairs `(x[2i], x[2i + 1])`, each rotated as
+//! `(a, b) -> (a c - b s, b c + a s)`. Computed in float32 and rounded once, as ORT does.
+
+use ep_core::Result;
+use ep_core::mlx::{Array, Dtype, Stream, ops};
+
+/// Rotates `x` (`[B, heads, S, H]`, float32) by `cos`/`sin` (`[B, 1, S, rotary_dim / 2]`,
+/// float32, broadcast over heads).
+pub(crate) fn rotate(x: &Array, cos: &Array, sin: &Array, interleaved: bool, s: &Stream) -> Result<Array> {
+    let shape = x.shape();
+    let head = shape[3];
+    let half = cos.shape()[3];
+    let rd = 2 * half;
+    let (rot, pass) = if rd < head {
+        let parts = ops::split_at(x, &[rd], 3, s)?;
+        (parts[0].clone(), Some(parts[1].clone()))
+    } else {
+        (x.clone(), None)
+    };
+    let turn = |a: &Array, b: &Array| -> Result<(Array, Array)> {
+        let y1 = ops::subtract(&ops::multiply(a, cos, s)?, &ops::multiply(b, sin, s)?, s)?;
+        let y2 = ops::add(&ops::multiply(b, cos, s)?, &ops::multiply(a, sin, s)?, s)?;
+        Ok((y1, y2))
+    };
+    let rotated = if interleaved {
+        let mut pairs_shape = shape[..3].to_vec();
+        pairs_shape.extend([half, 2]);
+        let pairs = ops::reshape(&rot, &pairs_shape, s)?;
+        let parts = ops::split_at(&pairs, &[1], 4, s)?;
+        let mut half_shape = shape[..3].to_vec();
+        half_shape.push(half);
+        let (a, b) = (ops::reshape(&parts[0], &half_shape, s)?, ops::reshape(&parts[1], &half_shape, s)?);
+        let (y1, y2) = turn(&a, &b)?;
+        let mut out_shape = shape[..3].to_vec();
+        out_shape.push(rd);
+        ops::reshape(&ops::stack(&[y1, y2], 4, s)?, &out_shape, s)?
+    } else {
+        let parts = ops::split_at(&rot, &[half], 3, s)?;
+        let (y1, y2) = turn(&parts[0], &parts[1])?;
+        ops::concatenate(&[y1, y2], 3, s)?
+    };
+    Ok(match pass {
+        Some(p) => ops::concatenate(&[rotated, p], 3, s)?,
+        None => rotated,
+    })
+}
+
+/// The rows of the cos and sin caches for `positions` (`[B, S]` integers), as float32
+/// `[B, 1, S, rotary_dim / 2]`.
+pub(crate) fn angles(cos_cache: &Array, sin_cache: &Array, positions: &Array, s: &Stream) -> Result<(Array, Array)> {
+    let ps = positions.shape();
+    let pick = |cache: &Array| -> Result<Array> {
+        let half = cache.shape()[1];
+        let rows = ops::take(cache, &ops::astype(positions, Dtype::I32, s)?, 0, s)?;
+        Ok(ops::astype(&ops::reshape(&rows, &[ps[0], 1, ps[1], half], s)?, Dtype::F32, s)?)
+    };
+    Ok((pick(cos_cache)?, pick(sin_cache)?))
+}
