@@ -3,6 +3,7 @@
 //! record of which EP ran each node, and compares outputs. Used by `cargo xtask demo/run`
 //! (through the `mlx-ep-run` binary) and by the end-to-end tests.
 
+pub mod decoder;
 pub mod models;
 pub mod report;
 pub mod values;

@@ -1,11 +1,12 @@
 //! `mlx-ep-run`: the report behind `cargo xtask demo` and `cargo xtask run MODEL.onnx`.
 
 use mlx_ep_host::report::{self, Options, Source};
-use mlx_ep_host::{Result, models};
+use mlx_ep_host::{Result, decoder, models};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: mlx-ep-run demo [--repeat N] [--json PATH]
+       mlx-ep-run llm [--preset tiny|small|qwen2.5-0.5b] [--prompt N] [--steps N] [--json PATH]
        mlx-ep-run run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]...
 The plugin is taken from $ORT_MLX_EP_LIB, ONNX Runtime from $ORT_DYLIB_PATH.";
 
@@ -26,6 +27,7 @@ fn run() -> Result<bool> {
     let mut opts = Options::default();
     let mut json: Option<PathBuf> = None;
     let mut model: Option<PathBuf> = None;
+    let (mut preset, mut prompt_len, mut steps) = ("tiny".to_owned(), 16usize, 32usize);
     let mut it = rest.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -40,6 +42,14 @@ fn run() -> Result<bool> {
                 opts.dims
                     .insert(k.to_owned(), v.parse().map_err(|_| format!("--dim {spec}: value is not an integer"))?);
             }
+            "--preset" => preset = it.next().ok_or("--preset needs a name")?.clone(),
+            "--prompt" => {
+                prompt_len =
+                    it.next().ok_or("--prompt needs a length")?.parse().map_err(|_| "--prompt needs a number")?
+            }
+            "--steps" => {
+                steps = it.next().ok_or("--steps needs a count")?.parse().map_err(|_| "--steps needs a number")?
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(true);
@@ -47,6 +57,15 @@ fn run() -> Result<bool> {
             other if cmd == "run" && model.is_none() && !other.starts_with('-') => model = Some(other.into()),
             other => return Err(format!("unexpected argument `{other}`\n{USAGE}").into()),
         }
+    }
+    if cmd == "llm" {
+        let report = decoder::compare(&decoder::DecoderConfig::preset(&preset)?, prompt_len, steps)?;
+        decoder::print(&report);
+        if let Some(path) = json {
+            std::fs::write(&path, serde_json::to_string_pretty(&decoder::to_json(&report))?)?;
+            println!("\nwrote {}", path.display());
+        }
+        return Ok(report.all_tokens_agree() && report.max_logit_diff < 1e-3);
     }
     let source = match cmd.as_str() {
         "demo" => {
@@ -68,5 +87,13 @@ fn run() -> Result<bool> {
         std::fs::write(&path, serde_json::to_string_pretty(&report::to_json(&report))?)?;
         println!("\nwrote {}", path.display());
     }
-    Ok(report.within_tolerance())
+    let mut ok = report.within_tolerance();
+    if cmd == "demo" {
+        // The LLM part of the demo: a generated genai-style int4 decoder, greedy, both EPs.
+        println!();
+        let llm = decoder::compare(&decoder::DecoderConfig::tiny(), prompt_len, steps)?;
+        decoder::print(&llm);
+        ok &= llm.all_tokens_agree() && llm.max_logit_diff < 1e-3;
+    }
+    Ok(ok)
 }

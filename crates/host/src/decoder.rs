@@ -1,0 +1,515 @@
+//! Decoder-only LLMs shaped like onnxruntime-genai's model builder output, built in memory
+//! (random weights, properly int4-quantized), and greedy generation over ORT sessions.
+//!
+//! The graph, per layer: `SimplifiedLayerNormalization` (the first) or
+//! `com.microsoft:SkipSimplifiedLayerNormalization` (residual add + norm), a packed-QKV
+//! `MatMulNBits`, `GroupQueryAttention` with rotary from `cos_cache`/`sin_cache`, the output
+//! projection, and a SwiGLU MLP of three `MatMulNBits`; a final norm and the LM head. Inputs
+//! `input_ids [batch, seq]`, `attention_mask [batch, total]`, `past_key_values.{i}.key/value
+//! [batch, kv_heads, past, head]`; outputs `logits [batch, seq, vocab]` and
+//! `present.{i}.key/value`. `seqlens_k` and `total_sequence_length` come from the attention
+//! mask as genai computes them (ReduceSum - 1, and Shape -> Gather).
+//!
+//! Weights are 4-bit, symmetric (no zero points: the default 8 applies), block size 32,
+//! `accuracy_level` 0: ORT's CPU EP computes them exactly in float32, a reference to hold the
+//! MLX EP to.
+
+use crate::Result;
+use crate::models::tensor_type;
+use ort::editor::{Graph, Model, Node, ONNX_DOMAIN, Opset};
+use ort::memory::Allocator;
+use ort::operator::Attribute;
+use ort::session::{Session, SessionInputValue};
+use ort::value::{DynValue, Outlet, Shape, SymbolicDimensions, Tensor, TensorElementType, ValueType};
+use std::time::Instant;
+
+const MS: &str = "com.microsoft";
+
+/// The sizes of a generated decoder.
+#[derive(Debug, Clone)]
+pub struct DecoderConfig {
+    pub name: &'static str,
+    pub layers: usize,
+    pub hidden: i64,
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub head: i64,
+    pub intermediate: i64,
+    pub vocab: i64,
+    /// Rows of the rotary caches: the longest sequence the model takes.
+    pub max_len: i64,
+    pub block_size: i64,
+}
+
+impl DecoderConfig {
+    /// Two layers of width 64: seconds to build and run anywhere.
+    pub fn tiny() -> DecoderConfig {
+        DecoderConfig {
+            name: "tiny",
+            layers: 2,
+            hidden: 64,
+            heads: 4,
+            kv_heads: 2,
+            head: 16,
+            intermediate: 128,
+            vocab: 512,
+            max_len: 256,
+            block_size: 32,
+        }
+    }
+
+    /// Four layers of width 256 (Qwen-like head layout, 8 query / 2 KV heads of 32).
+    pub fn small() -> DecoderConfig {
+        DecoderConfig {
+            name: "small",
+            layers: 4,
+            hidden: 256,
+            heads: 8,
+            kv_heads: 2,
+            head: 32,
+            intermediate: 768,
+            vocab: 2048,
+            max_len: 512,
+            block_size: 32,
+        }
+    }
+
+    /// Qwen2.5-0.5B's shape (24 layers, width 896, 14/2 heads of 64, MLP 4864, vocabulary
+    /// 151936), with 4-bit weights. Large: for GPU benchmarks.
+    pub fn qwen05b() -> DecoderConfig {
+        DecoderConfig {
+            name: "qwen2.5-0.5b",
+            layers: 24,
+            hidden: 896,
+            heads: 14,
+            kv_heads: 2,
+            head: 64,
+            intermediate: 4864,
+            vocab: 151936,
+            max_len: 2048,
+            block_size: 32,
+        }
+    }
+
+    pub fn preset(name: &str) -> Result<DecoderConfig> {
+        match name {
+            "tiny" => Ok(Self::tiny()),
+            "small" => Ok(Self::small()),
+            "qwen2.5-0.5b" | "qwen" => Ok(Self::qwen05b()),
+            other => Err(format!("unknown decoder preset '{other}' (tiny, small, qwen2.5-0.5b)").into()),
+        }
+    }
+}
+
+/// A symbolic-dimension tensor type: `-1` entries take the names in `symbols` by position.
+fn io(ty: TensorElementType, shape: &[i64], symbols: &[&str]) -> ValueType {
+    ValueType::Tensor {
+        ty,
+        shape: Shape::new(shape.iter().copied()),
+        dimension_symbols: SymbolicDimensions::new(symbols.iter().map(|s| s.to_string())),
+    }
+}
+
+fn initializer<T: ort::value::PrimitiveTensorElementType + std::fmt::Debug + Clone + 'static>(
+    graph: &mut Graph,
+    name: &str,
+    shape: &[i64],
+    values: &[T],
+) -> Result<()> {
+    let mut t = Tensor::<T>::new(&Allocator::default(), shape.to_vec())?;
+    let (_, data) = t.extract_tensor_mut();
+    data.clone_from_slice(values);
+    graph.add_initializer(name, t, false)?;
+    Ok(())
+}
+
+/// A random `[n, k]` weight quantized to 4 bits in blocks along k, as MatMulNBits takes it:
+/// (packed uint8 `[n, k_blocks, block / 2]`, float32 scales `[n, k_blocks]`).
+fn quantized_weight(n: i64, k: i64, block: i64, rng: &mut fastrand::Rng) -> (Vec<u8>, Vec<f32>) {
+    let blocks = (k + block - 1) / block;
+    let mut packed = vec![0u8; (n * blocks * block / 2) as usize];
+    let mut scales = Vec::with_capacity((n * blocks) as usize);
+    // (q - 8) has a standard deviation of about 4.6: scale for unit-variance outputs.
+    let base = 1.0 / (4.6 * (k as f32).sqrt());
+    for row in 0..n {
+        for b in 0..blocks {
+            let sign = if rng.bool() { 1.0 } else { -1.0 };
+            scales.push(sign * base * (0.5 + rng.f32()));
+            for j in 0..block {
+                let q = if b * block + j < k { rng.u8(0..16) } else { 0 };
+                let at = ((row * blocks + b) * block + j) as usize;
+                packed[at / 2] |= q << (4 * (at % 2));
+            }
+        }
+    }
+    (packed, scales)
+}
+
+struct Builder<'a> {
+    graph: Graph,
+    nodes: Vec<Node>,
+    cfg: &'a DecoderConfig,
+    rng: fastrand::Rng,
+}
+
+impl Builder<'_> {
+    fn node(
+        &mut self,
+        domain: &str,
+        op: &str,
+        name: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        attrs: Vec<Attribute>,
+    ) -> Result<()> {
+        self.nodes.push(Node::new(op, domain, name, inputs, outputs, attrs)?);
+        Ok(())
+    }
+
+    fn matmul(&mut self, name: &str, input: &str, output: &str, k: i64, n: i64) -> Result<()> {
+        let block = self.cfg.block_size;
+        let (packed, scales) = quantized_weight(n, k, block, &mut self.rng);
+        let (wq, ws) = (format!("{name}.weight_Q4"), format!("{name}.weight_scales"));
+        let blocks = (k + block - 1) / block;
+        initializer(&mut self.graph, &wq, &[n, blocks, block / 2], &packed)?;
+        initializer(&mut self.graph, &ws, &[n, blocks], &scales)?;
+        let attrs = vec![
+            Attribute::new("K", k)?,
+            Attribute::new("N", n)?,
+            Attribute::new("bits", 4i64)?,
+            Attribute::new("block_size", block)?,
+            Attribute::new("accuracy_level", 0i64)?,
+        ];
+        self.node(MS, "MatMulNBits", name, &[input, &wq, &ws], &[output], attrs)
+    }
+
+    fn norm_weight(&mut self, name: &str) -> Result<String> {
+        let w: Vec<f32> = (0..self.cfg.hidden).map(|_| 0.8 + 0.4 * self.rng.f32()).collect();
+        initializer(&mut self.graph, name, &[self.cfg.hidden], &w)?;
+        Ok(name.to_owned())
+    }
+}
+
+/// The decoder as an in-memory model. The same `seed` gives the same weights.
+pub fn build(cfg: &DecoderConfig, seed: u64) -> Result<Model> {
+    let f32t = TensorElementType::Float32;
+    let i64t = TensorElementType::Int64;
+    let (d, kvh, h) = (cfg.hidden, cfg.kv_heads, cfg.head);
+    let mut b = Builder { graph: Graph::new()?, nodes: Vec::new(), cfg, rng: fastrand::Rng::with_seed(seed) };
+    let mut inputs = vec![
+        Outlet::new("input_ids", io(i64t, &[-1, -1], &["batch", "sequence"])),
+        Outlet::new("attention_mask", io(i64t, &[-1, -1], &["batch", "total_sequence"])),
+    ];
+    let mut outputs = vec![Outlet::new("logits", io(f32t, &[-1, -1, cfg.vocab], &["batch", "sequence", ""]))];
+    let kv_type = |sym: &str| io(f32t, &[-1, kvh, -1, h], &["batch", "", sym, ""]);
+    for i in 0..cfg.layers {
+        for kv in ["key", "value"] {
+            inputs.push(Outlet::new(format!("past_key_values.{i}.{kv}"), kv_type("past_sequence")));
+            outputs.push(Outlet::new(format!("present.{i}.{kv}"), kv_type("total_sequence")));
+        }
+    }
+    b.graph.set_inputs(inputs)?;
+    b.graph.set_outputs(outputs)?;
+
+    // Embedding (float32), rotary caches (theta 10000), the mask reformatting of genai.
+    let embed: Vec<f32> = (0..cfg.vocab * d).map(|_| b.rng.f32() * 2.0 - 1.0).collect();
+    initializer(&mut b.graph, "model.embed_tokens.weight", &[cfg.vocab, d], &embed)?;
+    let half = h / 2;
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    for pos in 0..cfg.max_len {
+        for i in 0..half {
+            let inv = 10000f64.powf(-(2 * i) as f64 / h as f64);
+            let angle = pos as f64 * inv;
+            cos.push(angle.cos() as f32);
+            sin.push(angle.sin() as f32);
+        }
+    }
+    initializer(&mut b.graph, "cos_cache", &[cfg.max_len, half], &cos)?;
+    initializer(&mut b.graph, "sin_cache", &[cfg.max_len, half], &sin)?;
+    initializer(&mut b.graph, "one", &[], &[1i64])?;
+    initializer(&mut b.graph, "axis_1", &[1], &[1i64])?;
+    b.node(ONNX_DOMAIN, "Gather", "embed", &["model.embed_tokens.weight", "input_ids"], &["x0"], vec![])?;
+    let keep0 = vec![Attribute::new("keepdims", 0i64)?];
+    b.node(ONNX_DOMAIN, "ReduceSum", "mask_sum", &["attention_mask", "axis_1"], &["mask_len"], keep0)?;
+    b.node(ONNX_DOMAIN, "Sub", "mask_last", &["mask_len", "one"], &["seqlens_i64"], vec![])?;
+    let to_i32 = || -> Result<Vec<Attribute>> { Ok(vec![Attribute::new("to", 6i64)?]) };
+    b.node(ONNX_DOMAIN, "Cast", "seqlens_k", &["seqlens_i64"], &["seqlens_k"], to_i32()?)?;
+    b.node(ONNX_DOMAIN, "Shape", "mask_shape", &["attention_mask"], &["mask_shape"], vec![])?;
+    b.node(ONNX_DOMAIN, "Gather", "mask_total", &["mask_shape", "one"], &["total_i64"], vec![])?;
+    b.node(ONNX_DOMAIN, "Cast", "total_seq_len", &["total_i64"], &["total_seq_len"], to_i32()?)?;
+
+    let eps = || -> Result<Vec<Attribute>> { Ok(vec![Attribute::new("epsilon", 1e-6f32)?]) };
+    let mut residual = "x0".to_owned();
+    let mut pending: Option<String> = None; // the output to add to the residual
+    let qkv_width = (cfg.heads + 2 * kvh) * h;
+    for i in 0..cfg.layers {
+        let p = format!("model.layers.{i}");
+        let ln1 = b.norm_weight(&format!("{p}.input_layernorm.weight"))?;
+        let normed = format!("{p}.attn_in");
+        match pending.take() {
+            None => b.node(
+                ONNX_DOMAIN,
+                "SimplifiedLayerNormalization",
+                &format!("{p}.input_layernorm"),
+                &[&residual, &ln1],
+                &[&normed],
+                eps()?,
+            )?,
+            Some(add) => {
+                let sum = format!("{p}.residual_in");
+                b.node(
+                    MS,
+                    "SkipSimplifiedLayerNormalization",
+                    &format!("{p}.input_layernorm"),
+                    &[&add, &residual, &ln1],
+                    &[&normed, "", "", &sum],
+                    eps()?,
+                )?;
+                residual = sum;
+            }
+        }
+        b.matmul(&format!("{p}.attn.qkv_proj.MatMul"), &normed, &format!("{p}.qkv"), d, qkv_width)?;
+        let attrs = vec![
+            Attribute::new("num_heads", cfg.heads)?,
+            Attribute::new("kv_num_heads", kvh)?,
+            Attribute::new("scale", 1.0 / (h as f32).sqrt())?,
+            Attribute::new("do_rotary", 1i64)?,
+            Attribute::new("rotary_interleaved", 0i64)?,
+            Attribute::new("local_window_size", -1i64)?,
+        ];
+        let (pk, pv) = (format!("past_key_values.{i}.key"), format!("past_key_values.{i}.value"));
+        let (ck, cv) = (format!("present.{i}.key"), format!("present.{i}.value"));
+        let attn = format!("{p}.attn_out");
+        b.node(
+            MS,
+            "GroupQueryAttention",
+            &format!("{p}.attn.GroupQueryAttention"),
+            &[&format!("{p}.qkv"), "", "", &pk, &pv, "seqlens_k", "total_seq_len", "cos_cache", "sin_cache"],
+            &[&attn, &ck, &cv],
+            attrs,
+        )?;
+        let o = format!("{p}.o_out");
+        b.matmul(&format!("{p}.attn.o_proj.MatMul"), &attn, &o, cfg.heads * h, d)?;
+        let ln2 = b.norm_weight(&format!("{p}.post_attention_layernorm.weight"))?;
+        let (mlp_in, sum) = (format!("{p}.mlp_in"), format!("{p}.residual_mid"));
+        b.node(
+            MS,
+            "SkipSimplifiedLayerNormalization",
+            &format!("{p}.post_attention_layernorm"),
+            &[&o, &residual, &ln2],
+            &[&mlp_in, "", "", &sum],
+            eps()?,
+        )?;
+        residual = sum;
+        let (gate, up) = (format!("{p}.gate"), format!("{p}.up"));
+        b.matmul(&format!("{p}.mlp.gate_proj.MatMul"), &mlp_in, &gate, d, cfg.intermediate)?;
+        b.matmul(&format!("{p}.mlp.up_proj.MatMul"), &mlp_in, &up, d, cfg.intermediate)?;
+        let (sig, silu, act) = (format!("{p}.gate_sigmoid"), format!("{p}.gate_silu"), format!("{p}.act"));
+        b.node(ONNX_DOMAIN, "Sigmoid", &format!("{p}.mlp.act_fn.Sigmoid"), &[&gate], &[&sig], vec![])?;
+        b.node(ONNX_DOMAIN, "Mul", &format!("{p}.mlp.act_fn.Mul"), &[&gate, &sig], &[&silu], vec![])?;
+        b.node(ONNX_DOMAIN, "Mul", &format!("{p}.mlp.Mul"), &[&silu, &up], &[&act], vec![])?;
+        let down = format!("{p}.down");
+        b.matmul(&format!("{p}.mlp.down_proj.MatMul"), &act, &down, cfg.intermediate, d)?;
+        pending = Some(down);
+    }
+    let lnf = b.norm_weight("model.norm.weight")?;
+    let add = pending.unwrap_or_default();
+    b.node(MS, "SkipSimplifiedLayerNormalization", "model.norm", &[&add, &residual, &lnf], &["final"], eps()?)?;
+    b.matmul("lm_head.MatMul", "final", "logits", d, cfg.vocab)?;
+
+    let Builder { mut graph, nodes, .. } = b;
+    for n in nodes {
+        graph.add_node(n)?;
+    }
+    let mut model = Model::new([Opset::new(ONNX_DOMAIN, 21)?, Opset::new(MS, 1)?])?;
+    model.set_graph(graph)?;
+    let _ = tensor_type; // (symbolic dims are named explicitly above)
+    Ok(model)
+}
+
+/// A greedy generation: the tokens chosen and timings.
+#[derive(Debug, Clone, Default)]
+pub struct Generation {
+    /// The prompt's next token, then one per decode step.
+    pub tokens: Vec<i64>,
+    /// The last position's logits of each step (prefill first).
+    pub logits: Vec<Vec<f32>>,
+    pub prefill_ms: f64,
+    /// Wall time of each decode step.
+    pub step_ms: Vec<f64>,
+}
+
+impl Generation {
+    /// Decode tokens per second (median step).
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        let mut v = self.step_ms.clone();
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() { 0.0 } else { 1000.0 / v[v.len() / 2] }
+    }
+
+    pub fn median_step_ms(&self) -> f64 {
+        let mut v = self.step_ms.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+}
+
+/// A deterministic prompt of `len` tokens.
+pub fn prompt(cfg: &DecoderConfig, len: usize) -> Vec<i64> {
+    (0..len as i64).map(|i| (i * 7919 + 13) % cfg.vocab).collect()
+}
+
+fn argmax(v: &[f32]) -> i64 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as i64
+}
+
+fn i64_tensor(shape: &[i64], data: Vec<i64>) -> Result<DynValue> {
+    Ok(Tensor::from_array((shape.to_vec(), data))?.into_dyn())
+}
+
+/// Greedy generation with a growing KV cache (present of one step is the next step's past):
+/// a prefill of `prompt`, then `steps` one-token decode steps.
+pub fn generate(session: &mut Session, cfg: &DecoderConfig, prompt: &[i64], steps: usize) -> Result<Generation> {
+    let mut past: Vec<(String, DynValue)> = Vec::new();
+    for i in 0..cfg.layers {
+        for kv in ["key", "value"] {
+            let empty = Tensor::<f32>::from_array((vec![1i64, cfg.kv_heads, 0, cfg.head], Vec::<f32>::new()))?;
+            past.push((format!("past_key_values.{i}.{kv}"), empty.into_dyn()));
+        }
+    }
+    let mut out = Generation::default();
+    let mut ids = prompt.to_vec();
+    let mut total = 0usize;
+    for step in 0..=steps {
+        let seq = ids.len();
+        total += seq;
+        let mut feed: Vec<(String, SessionInputValue<'_>)> = vec![
+            ("input_ids".into(), i64_tensor(&[1, seq as i64], ids.clone())?.into()),
+            ("attention_mask".into(), i64_tensor(&[1, total as i64], vec![1; total])?.into()),
+        ];
+        for (name, v) in &past {
+            feed.push((name.clone(), SessionInputValue::from(v.view())));
+        }
+        let started = Instant::now();
+        let mut outputs = session.run(feed)?;
+        let ms = started.elapsed().as_secs_f64() * 1000.0;
+        let (shape, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
+        let vocab = shape[2] as usize;
+        let last = logits[(seq - 1) * vocab..seq * vocab].to_vec();
+        let mut next_past = Vec::with_capacity(past.len());
+        for (name, _) in &past {
+            let present = name.replace("past_key_values", "present");
+            let v = outputs.remove(&present).ok_or_else(|| format!("the model has no output '{present}'"))?;
+            next_past.push((name.clone(), v));
+        }
+        drop(outputs);
+        past = next_past;
+        if step == 0 {
+            out.prefill_ms = ms;
+        } else {
+            out.step_ms.push(ms);
+        }
+        let next = argmax(&last);
+        out.tokens.push(next);
+        out.logits.push(last);
+        ids = vec![next];
+    }
+    Ok(out)
+}
+
+/// A generation on the CPU EP and on the MLX EP, side by side.
+pub struct LlmReport {
+    pub preset: String,
+    pub prompt_len: usize,
+    pub cpu: Generation,
+    pub mlx: Generation,
+    /// Leading decode tokens on which both EPs agree.
+    pub agreeing_tokens: usize,
+    /// The largest difference between the EPs' logits while their tokens agreed.
+    pub max_logit_diff: f64,
+    pub nodes_on_mlx: usize,
+    pub nodes_total: usize,
+}
+
+impl LlmReport {
+    pub fn all_tokens_agree(&self) -> bool {
+        self.agreeing_tokens == self.cpu.tokens.len()
+    }
+}
+
+/// Builds the decoder of `cfg`, runs the same greedy generation on both EPs and compares.
+pub fn compare(cfg: &DecoderConfig, prompt_len: usize, steps: usize) -> Result<LlmReport> {
+    let prompt = prompt(cfg, prompt_len);
+    let run = |ep: crate::Ep| -> Result<(Generation, Vec<crate::Assignment>)> {
+        let builder = crate::session_builder(ep)?;
+        let mut session = build(cfg, 1)?.into_session(&builder)?;
+        let assignment = crate::assignment(&session)?;
+        Ok((generate(&mut session, cfg, &prompt, steps)?, assignment))
+    };
+    let (cpu, _) = run(crate::Ep::Cpu)?;
+    let (mlx, assignment) = run(crate::Ep::Mlx)?;
+    let nodes_total: usize = assignment.iter().map(|a| a.nodes.len()).sum();
+    let nodes_on_mlx: usize = assignment.iter().filter(|a| a.ep == crate::MLX_EP).map(|a| a.nodes.len()).sum();
+    let agreeing_tokens = cpu.tokens.iter().zip(&mlx.tokens).take_while(|(a, b)| a == b).count();
+    let mut max_logit_diff = 0f64;
+    for (a, b) in cpu.logits.iter().zip(&mlx.logits).take(agreeing_tokens.max(1)) {
+        for (x, y) in a.iter().zip(b) {
+            max_logit_diff = max_logit_diff.max((*x as f64 - *y as f64).abs());
+        }
+    }
+    Ok(LlmReport {
+        preset: cfg.name.to_owned(),
+        prompt_len,
+        cpu,
+        mlx,
+        agreeing_tokens,
+        max_logit_diff,
+        nodes_on_mlx,
+        nodes_total,
+    })
+}
+
+/// Prints the report as the demo shows it.
+pub fn print(r: &LlmReport) {
+    println!(
+        "decoder '{}': prompt {} tokens, {} greedy decode steps; {}/{} nodes on {}",
+        r.preset,
+        r.prompt_len,
+        r.cpu.step_ms.len(),
+        r.nodes_on_mlx,
+        r.nodes_total,
+        crate::MLX_EP
+    );
+    for (label, g) in [(crate::CPU_EP, &r.cpu), (crate::MLX_EP, &r.mlx)] {
+        println!(
+            "  {label:<24} prefill {:>8.2} ms   decode {:>8.3} ms/token ({:>7.1} tokens/s)",
+            g.prefill_ms,
+            g.median_step_ms(),
+            g.decode_tokens_per_s()
+        );
+    }
+    println!(
+        "  greedy tokens agree: {}/{}; largest logit difference {:.2e}",
+        r.agreeing_tokens,
+        r.cpu.tokens.len(),
+        r.max_logit_diff
+    );
+}
+
+/// The report as JSON.
+pub fn to_json(r: &LlmReport) -> serde_json::Value {
+    serde_json::json!({
+        "preset": r.preset, "prompt_len": r.prompt_len,
+        "nodes_on_mlx": r.nodes_on_mlx, "nodes_total": r.nodes_total,
+        "agreeing_tokens": r.agreeing_tokens, "steps": r.cpu.tokens.len(),
+        "max_logit_diff": r.max_logit_diff,
+        "cpu": {"prefill_ms": r.cpu.prefill_ms, "decode_ms_per_token": r.cpu.median_step_ms(), "tokens": r.cpu.tokens},
+        "mlx": {"prefill_ms": r.mlx.prefill_ms, "decode_ms_per_token": r.mlx.median_step_ms(), "tokens": r.mlx.tokens},
+    })
+}
