@@ -16,6 +16,12 @@ pub fn run_model(args: &[String]) -> Result {
     runner(&[&["run".to_string()], args].concat())
 }
 
+/// `cargo xtask llm [--preset tiny|small|qwen2.5-0.5b] [--prompt N] [--steps N] [--json PATH]`:
+/// a generated decoder, greedy, on both EPs.
+pub fn llm(args: &[String]) -> Result {
+    runner(&[&["llm".to_string()], args].concat())
+}
+
 fn runner(args: &[String]) -> Result {
     setup::ensure(None)?;
     step("building the plugin and the runner (release)");

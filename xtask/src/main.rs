@@ -19,7 +19,10 @@ commands:
   setup [--cuda]        create target/mlx-ep: Python env with pinned ONNX Runtime and MLX
                         wheels, mlx-c sources fetched through cargo (idempotent)
   env                   print `export` lines for using the built plugin from your shell
-  demo                  build the plugin (release) and run an MLP on the CPU EP and the MLX EP
+  demo                  build the plugin (release); run an MLP and a generated int4 decoder
+                        (prefill + 32 greedy steps) on the CPU EP and the MLX EP
+  llm [--preset tiny|small|qwen2.5-0.5b] [--prompt N] [--steps N] [--json PATH]
+                        greedy generation of a generated decoder on both EPs
   run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]...
                         the same report for any model
   conformance [--cases N] [--op NAME] [--seed S] [--json PATH] [--node-tests] [--update-passing]
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
         "env" => env::run(rest),
         "demo" => demo::demo(rest),
         "run" => demo::run_model(rest),
+        "llm" => demo::llm(rest),
         "test" => test::run(rest),
         "conformance" => conformance::run(rest),
         "wheel" => wheel::run(rest),

@@ -11,6 +11,7 @@
 mod attention;
 mod group_query_attention;
 mod rotary;
+mod rotary_embedding;
 mod tensor_scatter;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.

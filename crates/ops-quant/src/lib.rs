@@ -8,6 +8,7 @@
 //! (`conformance_spec::register_spec!`, behind the `conformance` feature).
 #![forbid(unsafe_code)]
 
+mod gather_block_quantized;
 mod matmul_nbits;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
