@@ -79,8 +79,9 @@ impl Translation {
     /// Builds the MLX graph of the partition's outputs from `inputs` (not evaluated): each
     /// output cast to ORT's dtype and made row-contiguous, plus the in-place input updates the
     /// lowerings asked for. `tracing` is set inside a compiled trace.
-    fn build(&self, inputs: Vec<Array>, stream: &Stream, tracing: bool) -> Result<(Vec<Array>, Vec<WriteBack>)> {
+    fn build(&self, inputs: Vec<Array>, stream: &Stream, tracing: bool, shapeless: bool) -> Result<Built> {
         let mut write_backs = Vec::new();
+        let mut guards: Vec<Array> = Vec::new();
         let mut values: Vec<Option<Array>> = vec![None; self.num_values];
         let resolve = |values: &[Option<Array>], src: Source| -> Option<Array> {
             match src {
@@ -103,10 +104,19 @@ impl Translation {
                     .filter_map(|(name, src)| resolve(&values, *src).map(|a| (name.clone(), a)))
                     .collect()
             });
-            let mut ctx =
-                LowerCtx::with_constants(args, constant_ids, &self.caches, stream, &self.cpu, tracing, scope.as_ref());
+            let mut ctx = LowerCtx::with_constants(
+                args,
+                constant_ids,
+                &self.caches,
+                stream,
+                &self.cpu,
+                tracing,
+                shapeless,
+                scope.as_ref(),
+            );
             let results =
                 node.lowering.lower(&mut ctx, info).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
+            guards.extend(ctx.take_guards());
             for request in ctx.take_write_backs() {
                 let wb =
                     self.write_back(node, request, stream).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
@@ -140,7 +150,119 @@ impl Translation {
             let a = mlx::ops::astype(&a, out.dtype, stream)?;
             results.push(mlx::ops::contiguous(&a, stream)?);
         }
-        Ok((results, write_backs))
+        let mut guard: Option<Array> = None;
+        for g in guards {
+            guard = Some(match guard {
+                Some(acc) => mlx::ops::logical_and(&acc, &g, stream)?,
+                None => g,
+            });
+        }
+        Ok(Built { outputs: results, write_backs, guard })
+    }
+
+    /// Whether the decode slot may replay one shapeless trace of this partition while the
+    /// input dimensions marked in `growing` change: every value that carries a growing
+    /// dimension must reach only nodes that handle it shape-agnostically. The rules: an
+    /// elementwise (shapeless) lowering passes the growing axes on; a reduction over all of
+    /// them absorbs them; GroupQueryAttention takes a growing cache length on past_key and
+    /// past_value (present then grows too) and reads `total_sequence_length` only to tell a
+    /// growing cache from a static one; a Shape of a growing value may reach only that input,
+    /// through Gather, Cast, Squeeze, Unsqueeze, Reshape or Identity. Anything else refuses,
+    /// naming the node.
+    fn decode_check(&self, growing: &[Vec<bool>]) -> std::result::Result<(), String> {
+        #[derive(Clone, PartialEq)]
+        enum Taint {
+            /// The value's dimensions at these axes grow.
+            Axes(Vec<usize>),
+            /// The value holds sizes of a growing dimension, baked into the trace.
+            BakedSize,
+        }
+        let mut values: HashMap<usize, Taint> = HashMap::new();
+        let input_taint = |i: usize| -> Option<Taint> {
+            let axes: Vec<usize> = growing.get(i)?.iter().enumerate().filter(|(_, g)| **g).map(|(a, _)| a).collect();
+            (!axes.is_empty()).then_some(Taint::Axes(axes))
+        };
+        for node in &self.nodes {
+            let info = &node.info;
+            let taints: Vec<(usize, Taint)> = node
+                .inputs
+                .iter()
+                .enumerate()
+                .filter_map(|(k, src)| {
+                    let t = match *src {
+                        Source::Input(i) => input_taint(i),
+                        Source::Value(v) => values.get(&v).cloned(),
+                        _ => None,
+                    };
+                    t.map(|t| (k, t))
+                })
+                .collect();
+            if taints.is_empty() {
+                continue;
+            }
+            let refuse = |why: &str| Err(format!("node '{}' ({}) {why}", info.name, info.qualified_op()));
+            let op = info.qualified_op();
+            let mut out: Option<Taint> = None;
+            if op == "com.microsoft:GroupQueryAttention" {
+                let fine = |(k, t): &(usize, Taint)| match t {
+                    Taint::Axes(a) => matches!(k, 3 | 4) && *a == [2],
+                    Taint::BakedSize => *k == 6,
+                };
+                if !taints.iter().all(fine) {
+                    return refuse("takes a growing dimension other than the KV cache length");
+                }
+                if taints.iter().any(|(k, _)| *k == 3) {
+                    for o in node.outputs.iter().skip(1).flatten() {
+                        values.insert(*o, Taint::Axes(vec![2]));
+                    }
+                }
+                continue;
+            } else if taints.iter().all(|(_, t)| *t == Taint::BakedSize) {
+                match op.as_str() {
+                    "Gather" | "Cast" | "Squeeze" | "Unsqueeze" | "Reshape" | "Identity" => {
+                        out = Some(Taint::BakedSize)
+                    }
+                    _ => return refuse("reads the size of a growing dimension as a value"),
+                }
+            } else if taints.iter().any(|(_, t)| *t == Taint::BakedSize) {
+                return refuse("mixes growing sizes and growing tensors");
+            } else if op == "Shape" {
+                out = Some(Taint::BakedSize);
+            } else if op.starts_with("Reduce") {
+                let mut axes: Vec<i64> = info.attr_ints("axes").ok().flatten().map(<[i64]>::to_vec).unwrap_or_default();
+                if let Some(Source::Constant(c)) = node.inputs.get(1).copied()
+                    && let Some(bytes) = self.constants[c].1.host_bytes()
+                {
+                    axes.extend(bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))));
+                }
+                let rank = info.input(0).and_then(crate::graph::ValueInfo::rank).unwrap_or(0) as i64;
+                let reduced: Vec<usize> = axes.iter().map(|&a| if a < 0 { a + rank } else { a } as usize).collect();
+                let covered = taints
+                    .iter()
+                    .all(|(k, t)| *k == 0 && matches!(t, Taint::Axes(a) if a.iter().all(|x| reduced.contains(x))));
+                if axes.is_empty() || !covered {
+                    return refuse("reduces over axes other than the growing ones");
+                }
+            } else if node.lowering.compile_safety() == CompileSafety::Shapeless {
+                let mut axes: Vec<usize> = Vec::new();
+                for (_, t) in &taints {
+                    if let Taint::Axes(a) = t {
+                        axes.extend(a);
+                    }
+                }
+                axes.sort_unstable();
+                axes.dedup();
+                out = Some(Taint::Axes(axes));
+            } else {
+                return refuse("reads a growing dimension and declares no shape-agnostic form");
+            }
+            if let Some(t) = out {
+                for o in node.outputs.iter().flatten() {
+                    values.insert(*o, t.clone());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The identity of a constant input for the derived-constant cache: the address of its
@@ -176,6 +298,14 @@ impl Translation {
             row_byte_ranges(&shape, request.array.dtype().size_in_bytes(), request.axis, &request.patches)?;
         Ok(Some(WriteBack { input, array: mlx::ops::contiguous(&request.array, stream)?, byte_ranges, output }))
     }
+}
+
+/// A built graph: the partition's outputs, in-place input updates, and the conjunction of
+/// the lowerings' guards (see [`LowerCtx::guard`]).
+struct Built {
+    outputs: Vec<Array>,
+    write_backs: Vec<WriteBack>,
+    guard: Option<Array>,
 }
 
 /// Partition output `output` is runtime input `input` with only `byte_ranges` changed: when
@@ -263,6 +393,21 @@ pub struct Plan {
     stats: Arc<SessionStats>,
     mode: Mutex<Mode>,
     cache: Mutex<CompiledCache>,
+    decode: Mutex<DecodeState>,
+}
+
+/// The decode slot of a shape-keyed partition: which input dimensions grow from run to run
+/// (they increased between two consecutive runs in which nothing shrank: a KV cache's
+/// length, an attention mask's), and the shapeless closures that replay across them.
+#[derive(Default)]
+struct DecodeState {
+    last: Option<Vec<Vec<i64>>>,
+    growing: Vec<Vec<bool>>,
+    /// The growing set [`Translation::decode_check`] accepted.
+    checked: Option<Vec<Vec<bool>>>,
+    /// Why the slot is off for this partition.
+    refused: Option<String>,
+    cache: CompiledCache,
 }
 
 impl Plan {
@@ -365,6 +510,7 @@ impl Plan {
             stats,
             mode: Mutex::new(mode),
             cache: Mutex::new(CompiledCache::default()),
+            decode: Mutex::new(DecodeState::default()),
         })
     }
 
@@ -413,6 +559,19 @@ impl Plan {
         // MLX's compiled broadcasting gets size-0 operands wrong (a [5, 0] * [5, 1] product came
         // out [5, 1]): empty tensors, which cost nothing to run, run eagerly.
         let empty = inputs.iter().any(|a| a.shape().contains(&0));
+        if mode == Mode::ShapeKeyed
+            && !empty
+            && let Some(key) = self.decode_key(&inputs)
+        {
+            match self.run_decode(&inputs, key) {
+                Ok(Some(outputs)) => return Ok(RunOutputs { outputs, write_backs: Vec::new() }),
+                // A guard failed: this run takes the exact shape-keyed path.
+                Ok(None) => {
+                    self.stats.decode_guard_misses.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => self.refuse_decode(format!("the decode slot failed ({e})")),
+            }
+        }
         if !matches!(mode, Mode::Eager(_)) && !empty {
             match self.run_compiled(&inputs, &mode) {
                 Ok(outputs) => return Ok(RunOutputs { outputs, write_backs: Vec::new() }),
@@ -424,9 +583,9 @@ impl Plan {
                 }
             }
         }
-        let (outputs, write_backs) = {
+        let Built { outputs, write_backs, .. } = {
             let _timer = self.stats.phase(Phase::Translate, &t.name);
-            t.build(inputs, &self.stream, false)?
+            t.build(inputs, &self.stream, false, false)?
         };
         self.stats.eager_runs.fetch_add(1, Ordering::Relaxed);
         self.evaluate(outputs.iter().chain(write_backs.iter().map(|w| &w.array)))?;
@@ -435,6 +594,7 @@ impl Plan {
 
     fn evaluate<'x>(&self, arrays: impl IntoIterator<Item = &'x Array>) -> Result<()> {
         let _timer = self.stats.phase(Phase::Eval, &self.translation.name);
+        self.stats.evaluations.fetch_add(1, Ordering::Relaxed);
         VectorArray::from_arrays(arrays)?
             .eval()
             .map_err(|e| Error::new(format!("partition {}: {e}", self.translation.name)))?;
@@ -484,7 +644,7 @@ impl Plan {
         let traced = Closure::new(move |args: &[Array]| {
             stats.traces.fetch_add(1, Ordering::Relaxed);
             let stream = Stream::default_device()?;
-            translation.build(args.to_vec(), &stream, true).map(|(outputs, _)| outputs).map_err(|e| MlxError(e.0))
+            translation.build(args.to_vec(), &stream, true, false).map(|b| b.outputs).map_err(|e| MlxError(e.0))
         });
         let compiled = {
             let _timer = self.stats.phase(Phase::Compile, &self.translation.name);
@@ -496,6 +656,117 @@ impl Plan {
         }
         cache.entries.push_back((key, Arc::clone(&compiled)));
         Ok(compiled)
+    }
+}
+
+impl Plan {
+    /// Records this run's input shapes and returns the decode slot's key when the slot
+    /// applies: some dimensions grow, the partition handles them shape-agnostically, and the
+    /// slot was not refused. The key keeps every other dimension exact.
+    fn decode_key(&self, inputs: &[Array]) -> Option<InputKey> {
+        let shapes: Vec<Vec<i64>> = inputs.iter().map(Array::shape).collect();
+        let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
+        if st.growing.len() != shapes.len() {
+            st.growing = shapes.iter().map(|s| vec![false; s.len()]).collect();
+        }
+        if let Some(last) = st.last.take()
+            && last.len() == shapes.len()
+            && last.iter().zip(&shapes).all(|(a, b)| a.len() == b.len())
+        {
+            let shrank = last.iter().zip(&shapes).any(|(a, b)| a.iter().zip(b).any(|(x, y)| y < x));
+            if !shrank {
+                for (i, (a, b)) in last.iter().zip(&shapes).enumerate() {
+                    for (d, (x, y)) in a.iter().zip(b).enumerate() {
+                        if y > x {
+                            st.growing[i][d] = true;
+                        }
+                    }
+                }
+            }
+        }
+        st.last = Some(shapes.clone());
+        if st.refused.is_some() || !st.growing.iter().flatten().any(|g| *g) {
+            return None;
+        }
+        if st.checked.as_ref() != Some(&st.growing) {
+            if let Err(reason) = self.translation.decode_check(&st.growing) {
+                let reason = format!("partition {}: no decode slot: {reason}", self.translation.name);
+                self.stats.record_fallback(reason.clone());
+                st.refused = Some(reason);
+                return None;
+            }
+            st.checked = Some(st.growing.clone());
+        }
+        let key = inputs
+            .iter()
+            .zip(&shapes)
+            .zip(&st.growing)
+            .map(|((a, shape), grows)| {
+                let dims = shape.iter().zip(grows).map(|(&d, &g)| if g && d > 1 { -1 } else { d }).collect();
+                (a.dtype(), dims)
+            })
+            .collect();
+        Some(key)
+    }
+
+    fn refuse_decode(&self, reason: String) {
+        let reason = format!("partition {}: {reason}; using the shape-keyed slot", self.translation.name);
+        self.stats.record_fallback(reason.clone());
+        let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
+        st.refused = Some(reason);
+        st.cache.entries.clear();
+    }
+
+    /// Runs the decode slot's shapeless closure for `key`; `None` when a guard failed.
+    fn run_decode(&self, inputs: &[Array], key: InputKey) -> Result<Option<Vec<Array>>> {
+        let n = self.translation.outputs.len();
+        let closure = {
+            let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
+            match st.cache.entries.iter().position(|(k, _)| *k == key) {
+                Some(i) => Arc::clone(&st.cache.entries[i].1),
+                None => {
+                    let translation = Arc::clone(&self.translation);
+                    let stats = Arc::clone(&self.stats);
+                    let traced = Closure::new(move |args: &[Array]| {
+                        stats.traces.fetch_add(1, Ordering::Relaxed);
+                        let stream = Stream::default_device()?;
+                        let built = translation.build(args.to_vec(), &stream, true, true).map_err(|e| MlxError(e.0))?;
+                        let mut outputs = built.outputs;
+                        outputs.extend(built.guard);
+                        Ok(outputs)
+                    });
+                    let compiled = {
+                        let _timer = self.stats.phase(Phase::Compile, &self.translation.name);
+                        Arc::new(traced.compile(true)?)
+                    };
+                    self.stats.compiles.fetch_add(1, Ordering::Relaxed);
+                    if st.cache.entries.len() >= COMPILED_CACHE_CAPACITY {
+                        st.cache.entries.pop_front();
+                    }
+                    st.cache.entries.push_back((key, Arc::clone(&compiled)));
+                    compiled
+                }
+            }
+        };
+        let traces_before = self.stats.traces.load(Ordering::Relaxed);
+        let started = Instant::now();
+        let mut outputs = closure.apply(inputs).map_err(Error::from)?;
+        if self.stats.traces.load(Ordering::Relaxed) == traces_before {
+            self.stats.replays.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.stats.add_time(Phase::Translate, started.elapsed());
+        }
+        self.evaluate(&outputs)?;
+        self.stats.decode_runs.fetch_add(1, Ordering::Relaxed);
+        if outputs.len() == n + 1 {
+            let guard = outputs.pop().expect("n + 1 outputs");
+            if !guard.to_vec::<bool>(&self.stream)?.first().copied().unwrap_or(false) {
+                return Ok(None);
+            }
+        } else if outputs.len() != n {
+            return Err(Error::new(format!("the decode closure returned {} outputs for {n}", outputs.len())));
+        }
+        Ok(Some(outputs))
     }
 }
 

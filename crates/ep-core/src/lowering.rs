@@ -152,7 +152,10 @@ pub struct LowerCtx<'a> {
     cpu: &'a Stream,
     /// Building inside a compiled trace: no host reads, no in-place updates.
     tracing: bool,
+    /// Building the decode slot's shapeless trace (see [`LowerCtx::shapeless`]).
+    shapeless: bool,
     write_backs: Vec<RowWriteBack>,
+    guards: Vec<Array>,
     /// Values of enclosing scopes by name (the node's implicit inputs), for its subgraphs.
     scope: Option<&'a std::collections::HashMap<String, Array>>,
     subgraph_constants: Option<&'a SubgraphConstants>,
@@ -214,12 +217,15 @@ impl<'a> LowerCtx<'a> {
             stream,
             cpu,
             tracing: false,
+            shapeless: false,
             write_backs: Vec::new(),
+            guards: Vec::new(),
             scope: None,
             subgraph_constants: None,
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn with_constants(
         inputs: Vec<Option<Array>>,
         constants: Vec<Option<usize>>,
@@ -227,6 +233,7 @@ impl<'a> LowerCtx<'a> {
         stream: &'a Stream,
         cpu: &'a Stream,
         tracing: bool,
+        shapeless: bool,
         scope: Option<&'a std::collections::HashMap<String, Array>>,
     ) -> LowerCtx<'a> {
         LowerCtx {
@@ -236,7 +243,9 @@ impl<'a> LowerCtx<'a> {
             stream,
             cpu,
             tracing,
+            shapeless,
             write_backs: Vec::new(),
+            guards: Vec::new(),
             scope,
             subgraph_constants: Some(&caches.subgraphs),
         }
@@ -283,7 +292,9 @@ impl<'a> LowerCtx<'a> {
                     stream: self.stream,
                     cpu: self.cpu,
                     tracing: self.tracing,
+                    shapeless: self.shapeless,
                     write_backs: Vec::new(),
+                    guards: Vec::new(),
                     scope: Some(&env),
                     subgraph_constants: Some(cache),
                 };
@@ -308,6 +319,33 @@ impl<'a> LowerCtx<'a> {
 
     pub(crate) fn take_write_backs(&mut self) -> Vec<RowWriteBack> {
         std::mem::take(&mut self.write_backs)
+    }
+
+    pub(crate) fn take_guards(&mut self) -> Vec<Array> {
+        std::mem::take(&mut self.guards)
+    }
+
+    /// Whether the graph being built is the decode slot's shapeless trace: it is replayed
+    /// while the dimensions that grow from run to run (a KV cache's length, an attention
+    /// mask's) change, every other dimension staying as traced. A lowering that reads such a
+    /// dimension must then build shape-agnostic operations on it (concatenation, reductions,
+    /// MLX's fused attention), never constants of the traced size (an `arange`, a `full`, a
+    /// pad width), which a replay would silently keep; operations that bake a shape (reshape,
+    /// slice) are refused by MLX on replay, which sends the partition back to the shape-keyed
+    /// slot. Where correctness rests on input data (no padding in a KV cache), declare it with
+    /// [`LowerCtx::guard`].
+    pub fn shapeless(&self) -> bool {
+        self.shapeless
+    }
+
+    /// Declares that the graph being built is right only when `cond` (a boolean array) is
+    /// true everywhere. The engine evaluates the condition with the outputs, in the same
+    /// evaluation; where it is false, the run's outputs are discarded and the partition runs
+    /// again through the exact shape-keyed path.
+    pub fn guard(&mut self, cond: &Array) -> Result<()> {
+        let all = crate::mlx::ops::all_axes(cond, &(0..cond.ndim() as i32).collect::<Vec<_>>(), false, self.stream)?;
+        self.guards.push(all);
+        Ok(())
     }
 
     /// The values of integer input `i` on the host. A constant input is read from its host copy

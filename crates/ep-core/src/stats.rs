@@ -49,6 +49,15 @@ pub struct SessionStats {
     pub replays: AtomicU64,
     /// Runs that built and evaluated the MLX graph eagerly.
     pub eager_runs: AtomicU64,
+    /// MLX evaluations (each run of a partition should make exactly one).
+    pub evaluations: AtomicU64,
+    /// Bytes copied from ORT's input buffers into MLX, and from MLX into ORT's outputs.
+    pub copied_in_bytes: AtomicU64,
+    pub copied_out_bytes: AtomicU64,
+    /// Runs through the decode slot (one shapeless closure across growing KV lengths).
+    pub decode_runs: AtomicU64,
+    /// Decode-slot runs whose guard failed (rerun through the shape-keyed slot).
+    pub decode_guard_misses: AtomicU64,
     /// Values computed from constants (transposes, casts, repacks), each once per session.
     pub derived_constants: AtomicU64,
     /// Derived values found in another session's cache (same weights) instead of computed.
@@ -152,11 +161,20 @@ impl SessionStats {
         let _ = writeln!(s, "  claimed ops: {}", ops.join(", "));
         let _ = writeln!(
             s,
-            "  runs: {} compiled replays, {} eager; {} traces, {} compiles",
+            "  runs: {} compiled replays, {} eager; {} traces, {} compiles; {} in the decode slot ({} guard misses)",
             Self::count(&self.replays),
             Self::count(&self.eager_runs),
             Self::count(&self.traces),
-            Self::count(&self.compiles)
+            Self::count(&self.compiles),
+            Self::count(&self.decode_runs),
+            Self::count(&self.decode_guard_misses)
+        );
+        let _ = writeln!(
+            s,
+            "  evaluations: {}; bytes copied in: {}, out: {}",
+            Self::count(&self.evaluations),
+            Self::count(&self.copied_in_bytes),
+            Self::count(&self.copied_out_bytes)
         );
         let _ = writeln!(
             s,

@@ -21,3 +21,40 @@ fn the_tiny_decoder_generates_the_cpu_eps_tokens_on_mlx() {
     let moved = l.windows(2).filter(|w| w[0].iter().zip(&w[1]).any(|(a, b)| (a - b).abs() > 1e-3)).count();
     assert_eq!(moved, l.len() - 1, "every step's logits differ from the previous step's");
 }
+
+/// The counter after `label` in the verbose session summary, e.g. `traces` in
+/// "runs: 30 compiled replays, 1 eager; 2 traces, 2 compiles; 31 in the decode slot (...)".
+fn counter(summary: &str, label: &str) -> u64 {
+    let at = summary.find(label).unwrap_or_else(|| panic!("no '{label}' in:\n{summary}"));
+    let digits: String = summary[..at]
+        .trim_end()
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    digits.parse().unwrap_or_else(|_| panic!("no count before '{label}' in:\n{summary}"))
+}
+
+#[test]
+fn decode_steps_replay_one_trace_with_one_evaluation_each() {
+    let steps = 24u64;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-ep-run"))
+        .args(["llm", "--preset", "tiny", "--prompt", "8", "--steps", &steps.to_string()])
+        .env("ONNXRUNTIME_EP_MLX_VERBOSE", "1")
+        .output()
+        .expect("mlx-ep-run runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains(&format!("greedy tokens agree: {0}/{0}", steps + 1)), "{stdout}");
+    // Prefill (an empty past: eager), the first decode step (shape-keyed: its trace), then
+    // one shapeless trace of the decode slot that every later step replays.
+    assert_eq!(counter(&stderr, "traces"), 2, "{stderr}");
+    assert_eq!(counter(&stderr, "in the decode slot"), steps - 1, "{stderr}");
+    assert_eq!(counter(&stderr, "guard misses"), 0, "{stderr}");
+    assert_eq!(counter(&stderr, "compiled replays"), steps - 2, "{stderr}");
+    // One evaluation per run of the (single) partition: prefill plus each step.
+    assert_eq!(counter(&stderr, "; bytes copied in"), steps + 1, "{stderr}");
+}

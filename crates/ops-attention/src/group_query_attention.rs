@@ -145,7 +145,15 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     }
     let g = Geometry { batch: qs[0], seq: qs[1], kv_heads, head: qs[2] / width };
     let f32 = |a: &Array| -> Result<Array> { Ok(ops::astype(a, Dtype::F32, s)?) };
-    let (q, k, v) = if packed {
+    let (q, k, v) = if packed && ctx.shapeless() {
+        // Gathered, not sliced: the decode slot's shapeless trace refuses slices.
+        let (nq, nk) = (heads * g.head, kv_heads * g.head);
+        (
+            ops::take_range(query, 0, nq, 2, s)?,
+            ops::take_range(query, nq, nk, 2, s)?,
+            ops::take_range(query, nq + nk, nk, 2, s)?,
+        )
+    } else if packed {
         let parts = ops::split_at(query, &[heads * g.head, (heads + kv_heads) * g.head], 2, s)?;
         (parts[0].clone(), parts[1].clone(), parts[2].clone())
     } else {
@@ -189,6 +197,9 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         // Rounded back to the model's type, as the cache holds them.
         q = ops::astype(&rotary::rotate(&f32(&q)?, &cos, &sin, interleaved, s)?, dtype, s)?;
         k = ops::astype(&rotary::rotate(&f32(&k)?, &cos, &sin, interleaved, s)?, dtype, s)?;
+    }
+    if let (true, Some(pk), Some(pv)) = (ctx.shapeless() && past_len + g.seq == total, &past_k, &past_v) {
+        return decode_step(ctx, node, &g, (&q, &k, &v), (pk, pv), &t_b);
     }
     let present_k = present(past_k.as_ref(), &k, &past_b, present_len, &g, s)?;
     let present_v = present(past_v.as_ref(), &v, &past_b, present_len, &g, s)?;
@@ -279,6 +290,51 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         Some(d) => ops::where_(&d, &ops::scalar(0.0, Dtype::F32, s)?, &y, s)?,
         None => y,
     };
+    let y = ops::reshape(&ops::transpose_axes(&y, &[0, 2, 1, 3], s)?, &[g.batch, g.seq, heads * g.head], s)?;
+    Ok(vec![ops::astype(&y, dtype, s)?, present_k, present_v])
+}
+
+/// The decode slot's form for a growing cache (see [`LowerCtx::shapeless`]): present is past
+/// with the new rows appended, attention runs over all of it with MLX's fused kernel (causal
+/// among the new rows), and nothing is built from the cache length. It equals ORT's result
+/// when every batch entry's past fills the cache (`seqlens_k + 1 == past + S`, no padding):
+/// that is the guard; a padded batch reruns through the general form.
+fn decode_step(
+    ctx: &mut LowerCtx<'_>,
+    node: &NodeInfo,
+    g: &Geometry,
+    (q, k, v): (&Array, &Array, &Array),
+    (past_k, past_v): (&Array, &Array),
+    t_b: &Array,
+) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    let dtype = q.dtype();
+    let unsupported = [
+        ("local_window_size", node.attr_int("local_window_size", -1)? >= 0),
+        ("softcap", node.attr_float("softcap", 0.0)? > 0.0),
+        ("smooth_softmax", node.attr_int("smooth_softmax", 0)? == 1 || ctx.optional_input(11).is_some()),
+        ("attention_bias", ctx.optional_input(10).is_some()),
+        ("causal=0", node.attr_int("causal", 1)? != 1 && g.seq > 1),
+    ];
+    if let Some((what, _)) = unsupported.iter().find(|(_, on)| *on) {
+        bail!("{what} has no decode-slot form");
+    }
+    // The cache's element count per batch entry as data, [B, 1, 1, 1] (a gather or slice
+    // would bake the traced length): it must be (T_b - S) * kv_heads * H.
+    let ones = ops::astype(&ops::logical_not(&ops::less(past_k, past_k, s)?, s)?, Dtype::I32, s)?;
+    let count = ops::sum_axes(&ones, &[1, 2, 3], true, s)?;
+    let expected = ops::multiply(&ops::subtract(t_b, &int(g.seq, s)?, s)?, &int(g.kv_heads * g.head, s)?, s)?;
+    ctx.guard(&ops::equal(&count, &expected, s)?)?;
+    let present_k = ops::concatenate(&[past_k.clone(), k.clone()], 2, s)?;
+    let present_v = ops::concatenate(&[past_v.clone(), v.clone()], 2, s)?;
+    let scale = match node.attr_float("scale", 0.0)? {
+        x if x != 0.0 => x,
+        _ => 1.0 / (g.head as f32).sqrt(),
+    };
+    let f32 = |a: &Array| -> Result<Array> { Ok(ops::astype(a, Dtype::F32, s)?) };
+    let y =
+        ops::scaled_dot_product_attention(&f32(q)?, &f32(&present_k)?, &f32(&present_v)?, scale, None, g.seq > 1, s)?;
+    let heads = q.shape()[1];
     let y = ops::reshape(&ops::transpose_axes(&y, &[0, 2, 1, 3], s)?, &[g.batch, g.seq, heads * g.head], s)?;
     Ok(vec![ops::astype(&y, dtype, s)?, present_k, present_v])
 }

@@ -17,9 +17,9 @@ pub(crate) fn rotate(x: &Array, cos: &Array, sin: &Array, interleaved: bool, s: 
     let head = shape[3];
     let half = cos.shape()[3];
     let rd = 2 * half;
+    // Parts are gathered rather than sliced so that the decode slot's shapeless trace replays.
     let (rot, pass) = if rd < head {
-        let parts = ops::split_at(x, &[rd], 3, s)?;
-        (parts[0].clone(), Some(parts[1].clone()))
+        (ops::take_range(x, 0, rd, 3, s)?, Some(ops::take_range(x, rd, head - rd, 3, s)?))
     } else {
         (x.clone(), None)
     };
@@ -32,17 +32,16 @@ pub(crate) fn rotate(x: &Array, cos: &Array, sin: &Array, interleaved: bool, s: 
         let mut pairs_shape = shape[..3].to_vec();
         pairs_shape.extend([half, 2]);
         let pairs = ops::reshape(&rot, &pairs_shape, s)?;
-        let parts = ops::split_at(&pairs, &[1], 4, s)?;
         let mut half_shape = shape[..3].to_vec();
         half_shape.push(half);
-        let (a, b) = (ops::reshape(&parts[0], &half_shape, s)?, ops::reshape(&parts[1], &half_shape, s)?);
+        let a = ops::reshape(&ops::take_range(&pairs, 0, 1, 4, s)?, &half_shape, s)?;
+        let b = ops::reshape(&ops::take_range(&pairs, 1, 1, 4, s)?, &half_shape, s)?;
         let (y1, y2) = turn(&a, &b)?;
         let mut out_shape = shape[..3].to_vec();
         out_shape.push(rd);
         ops::reshape(&ops::stack(&[y1, y2], 4, s)?, &out_shape, s)?
     } else {
-        let parts = ops::split_at(&rot, &[half], 3, s)?;
-        let (y1, y2) = turn(&parts[0], &parts[1])?;
+        let (y1, y2) = turn(&ops::take_range(&rot, 0, half, 3, s)?, &ops::take_range(&rot, half, half, 3, s)?)?;
         ops::concatenate(&[y1, y2], 3, s)?
     };
     Ok(match pass {

@@ -287,6 +287,7 @@ reduce_axes! {
     min_axes => mlx_min_axes;
     prod_axes => mlx_prod_axes;
     logsumexp_axes => mlx_logsumexp_axes;
+    all_axes => mlx_all_axes;
 }
 
 macro_rules! arg_reduce {
@@ -694,4 +695,12 @@ pub fn rms_norm(x: &Array, weight: &Array, eps: f32, s: &Stream) -> Result<Array
     // SAFETY: as above.
     check(unsafe { mlx_sys::mlx_fast_rms_norm(&mut out.0, x.0, weight.0, eps, s.0) })?;
     Ok(out)
+}
+
+/// `len` consecutive entries of `a` from `start` along `axis`, as a gather with constant
+/// indices: unlike a slice, it replays in a shapeless-compiled graph while other dimensions
+/// of `a` change (a slice bakes the traced shape of every axis).
+pub fn take_range(a: &Array, start: i64, len: i64, axis: i32, s: &Stream) -> Result<Array> {
+    let idx: Vec<i32> = (start..start + len).map(|i| i as i32).collect();
+    take(a, &Array::from_slice(&idx, &[len])?, axis, s)
 }

@@ -180,3 +180,30 @@ fn fused_rope_attention_and_rms_norm_match_their_definitions() {
     let rms = 12.5f32.sqrt();
     close(&r.to_vec::<f32>(&s).unwrap(), &[3.0 / rms, 8.0 / rms], 1e-5);
 }
+
+/// What the decode slot relies on (MLX 0.32.2): a shapeless closure replayed on a new shape
+/// recomputes each primitive's output shape and refuses primitives that cannot (a reshape to
+/// a baked shape; a cumulative sum, already on its first run); constants built from the traced shape (an arange) are
+/// baked in and NOT refused, so lowerings must not build them on dims that change.
+#[test]
+fn shapeless_replays_refuse_baked_reshapes_but_keep_baked_constants() {
+    let _g = lock();
+    let s = cpu();
+    let replay = |build: fn(&Array, &Stream) -> Result<Array>| {
+        let closure = Closure::new(move |args: &[Array]| Ok(vec![build(&args[0], &Stream::cpu()?)?]));
+        let compiled = closure.compile(true).unwrap();
+        compiled.apply(&[Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap()])?;
+        compiled.apply(&[Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[6]).unwrap()])
+    };
+    let err = replay(|x, s| ops::reshape(x, &[2, x.shape()[0] / 2], s)).unwrap_err();
+    assert!(err.0.contains("reshape"), "{err}");
+    assert!(replay(|x, s| ops::cumulative(x, 0, false, false, true, s)).is_err());
+    // Shape-agnostic ops replay right.
+    let grown = replay(|x, s| ops::concatenate(&[x.clone(), x.clone()], 0, s)).unwrap();
+    assert_eq!(grown[0].shape(), vec![12]);
+    let summed = replay(|x, s| ops::sum_axes(x, &[0], true, s)).unwrap();
+    assert_eq!(summed[0].to_vec::<f32>(&s).unwrap(), vec![21.0]);
+    // A baked arange of the traced length is not refused: only its 4 values are added.
+    let baked = replay(|x, s| ops::add(x, &ops::arange(0.0, x.shape()[0] as f64, 1.0, Dtype::F32, s)?, s)).unwrap();
+    assert_ne!(baked[0].to_vec::<f32>(&s).unwrap(), vec![1.0, 3.0, 5.0, 7.0, 9.0, 11.0]);
+}

@@ -82,7 +82,11 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
             return Err(Error::new(format!("input '{name}' is missing")));
         }
         // SAFETY: ORT keeps input values alive during Compute.
-        inputs.push(unsafe { tensor_to_array(value, &format!("input '{name}'"))? });
+        let array = unsafe { tensor_to_array(value, &format!("input '{name}'"))? };
+        plan.stats()
+            .copied_in_bytes
+            .fetch_add((array.size() * array.dtype().size_in_bytes()) as u64, Ordering::Relaxed);
+        inputs.push(array);
         values.push(value);
     }
     drop(copy_in);
@@ -112,6 +116,7 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
             unsafe { std::slice::from_raw_parts_mut(data, size) }
         };
         array.copy_to(buf, plan.stream()).map_err(|e| Error::new(format!("output '{}': {e}", out.name)))?;
+        plan.stats().copied_out_bytes.fetch_add(size as u64, Ordering::Relaxed);
     }
     drop(copy_out);
     if let Some(t) = plan.stats().tracer() {
