@@ -2,6 +2,7 @@
 //!
 //! One module per subcommand; shared path and process helpers live in `util`.
 
+mod bench;
 mod conformance;
 mod demo;
 mod env;
@@ -23,6 +24,9 @@ commands:
                         (prefill + 32 greedy steps) on the CPU EP and the MLX EP
   llm [--preset tiny|small|qwen2.5-0.5b] [--prompt N] [--steps N] [--json PATH]
                         greedy generation of a generated decoder on both EPs
+  bench [--presets tiny,small] [--prompt N] [--steps N] [--rounds N] [--no-micro]
+                        decode/prefill of the generated decoders on the CPU EP, the MLX EP and
+                        native MLX, plus criterion micro cases; target/bench/results.json, decode.svg
   run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]...
                         the same report for any model
   conformance [--cases N] [--op NAME] [--seed S] [--json PATH] [--node-tests] [--update-passing]
@@ -49,6 +53,7 @@ fn main() -> ExitCode {
         "demo" => demo::demo(rest),
         "run" => demo::run_model(rest),
         "llm" => demo::llm(rest),
+        "bench" => bench::bench(rest),
         "test" => test::run(rest),
         "conformance" => conformance::run(rest),
         "wheel" => wheel::run(rest),

@@ -77,7 +77,7 @@ struct Translation {
 
 impl Translation {
     /// Builds the MLX graph of the partition's outputs from `inputs` (not evaluated): each
-    /// output cast to ORT's dtype and made row-contiguous, plus the in-place input updates the
+    /// output cast to ORT's dtype, plus the in-place input updates the
     /// lowerings asked for. `tracing` is set inside a compiled trace.
     fn build(&self, inputs: Vec<Array>, stream: &Stream, tracing: bool, shapeless: bool) -> Result<Built> {
         let mut write_backs = Vec::new();
@@ -147,14 +147,27 @@ impl Translation {
             let a = resolve(&values, out.source).ok_or_else(|| {
                 Error::new(format!("partition {}: output '{}' was not produced", self.name, out.name))
             })?;
-            let a = mlx::ops::astype(&a, out.dtype, stream)?;
-            results.push(mlx::ops::contiguous(&a, stream)?);
+            // Not forced row-contiguous here (one more dispatched operation per output): the
+            // copy-out copies evaluated row-contiguous arrays directly and makes the rare view
+            // contiguous itself.
+            results.push(mlx::ops::astype(&a, out.dtype, stream)?);
+        }
+        // The guards: conditions of one shape are joined elementwise (fused in a compiled
+        // graph), then reduced once per shape.
+        let mut by_shape: Vec<(Vec<i64>, Array)> = Vec::new();
+        for g in guards {
+            let shape = g.shape();
+            match by_shape.iter_mut().find(|(s, _)| *s == shape) {
+                Some((_, acc)) => *acc = mlx::ops::logical_and(acc, &g, stream)?,
+                None => by_shape.push((shape, g)),
+            }
         }
         let mut guard: Option<Array> = None;
-        for g in guards {
+        for (shape, cond) in by_shape {
+            let all = mlx::ops::all_axes(&cond, &(0..shape.len() as i32).collect::<Vec<_>>(), false, stream)?;
             guard = Some(match guard {
-                Some(acc) => mlx::ops::logical_and(&acc, &g, stream)?,
-                None => g,
+                Some(acc) => mlx::ops::logical_and(&acc, &all, stream)?,
+                None => all,
             });
         }
         Ok(Built { outputs: results, write_backs, guard })
@@ -347,7 +360,7 @@ pub fn row_byte_ranges(
 
 /// The evaluated result of a partition run.
 pub struct RunOutputs {
-    /// One array per partition output, in ORT's dtypes, evaluated and row-contiguous.
+    /// One array per partition output, in ORT's dtypes, evaluated.
     pub outputs: Vec<Array>,
     /// Outputs that are inputs with some rows changed, evaluated and row-contiguous.
     pub write_backs: Vec<WriteBack>,

@@ -343,8 +343,7 @@ impl<'a> LowerCtx<'a> {
     /// evaluation; where it is false, the run's outputs are discarded and the partition runs
     /// again through the exact shape-keyed path.
     pub fn guard(&mut self, cond: &Array) -> Result<()> {
-        let all = crate::mlx::ops::all_axes(cond, &(0..cond.ndim() as i32).collect::<Vec<_>>(), false, self.stream)?;
-        self.guards.push(all);
+        self.guards.push(cond.clone());
         Ok(())
     }
 

@@ -15,7 +15,6 @@
 //! MLX EP to.
 
 use crate::Result;
-use crate::models::tensor_type;
 use ort::editor::{Graph, Model, Node, ONNX_DOMAIN, Opset};
 use ort::memory::Allocator;
 use ort::operator::Attribute;
@@ -123,36 +122,111 @@ fn initializer<T: ort::value::PrimitiveTensorElementType + std::fmt::Debug + Clo
     Ok(())
 }
 
-/// A random `[n, k]` weight quantized to 4 bits in blocks along k, as MatMulNBits takes it:
-/// (packed uint8 `[n, k_blocks, block / 2]`, float32 scales `[n, k_blocks]`).
-fn quantized_weight(n: i64, k: i64, block: i64, rng: &mut fastrand::Rng) -> (Vec<u8>, Vec<f32>) {
-    let blocks = (k + block - 1) / block;
-    let mut packed = vec![0u8; (n * blocks * block / 2) as usize];
-    let mut scales = Vec::with_capacity((n * blocks) as usize);
-    // (q - 8) has a standard deviation of about 4.6: scale for unit-variance outputs.
-    let base = 1.0 / (4.6 * (k as f32).sqrt());
-    for row in 0..n {
-        for b in 0..blocks {
-            let sign = if rng.bool() { 1.0 } else { -1.0 };
-            scales.push(sign * base * (0.5 + rng.f32()));
-            for j in 0..block {
-                let q = if b * block + j < k { rng.u8(0..16) } else { 0 };
-                let at = ((row * blocks + b) * block + j) as usize;
-                packed[at / 2] |= q << (4 * (at % 2));
+/// A `[n, k]` weight quantized to 4 bits in blocks along k, as MatMulNBits takes it: packed
+/// uint8 `[n, k_blocks, block / 2]` (even elements in the low nibble) and float32 scales
+/// `[n, k_blocks]`, symmetric (zero point 8).
+#[derive(Debug, Clone)]
+pub struct QuantizedWeight {
+    pub n: i64,
+    pub k: i64,
+    pub block: i64,
+    pub packed: Vec<u8>,
+    pub scales: Vec<f32>,
+}
+
+impl QuantizedWeight {
+    /// Random 4-bit values with scales that keep unit-variance inputs at unit variance.
+    fn random(n: i64, k: i64, block: i64, rng: &mut fastrand::Rng) -> QuantizedWeight {
+        let blocks = (k + block - 1) / block;
+        let mut packed = vec![0u8; (n * blocks * block / 2) as usize];
+        let mut scales = Vec::with_capacity((n * blocks) as usize);
+        // (q - 8) has a standard deviation of about 4.6.
+        let base = 1.0 / (4.6 * (k as f32).sqrt());
+        for row in 0..n {
+            for b in 0..blocks {
+                let sign = if rng.bool() { 1.0 } else { -1.0 };
+                scales.push(sign * base * (0.5 + rng.f32()));
+                for j in 0..block {
+                    let q = if b * block + j < k { rng.u8(0..16) } else { 0 };
+                    let at = ((row * blocks + b) * block + j) as usize;
+                    packed[at / 2] |= q << (4 * (at % 2));
+                }
             }
         }
+        QuantizedWeight { n, k, block, packed, scales }
     }
-    (packed, scales)
+
+    pub fn k_blocks(&self) -> i64 {
+        (self.k + self.block - 1) / self.block
+    }
 }
 
-struct Builder<'a> {
+/// One decoder layer's weights.
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    pub input_norm: Vec<f32>,
+    pub qkv: QuantizedWeight,
+    pub o: QuantizedWeight,
+    pub post_norm: Vec<f32>,
+    pub gate: QuantizedWeight,
+    pub up: QuantizedWeight,
+    pub down: QuantizedWeight,
+}
+
+/// Every weight of a generated decoder, so the ONNX model and a native-MLX version of the
+/// same decoder (the benchmark's floor) compute the same function.
+#[derive(Debug, Clone)]
+pub struct DecoderWeights {
+    /// `[vocab, hidden]`.
+    pub embed: Vec<f32>,
+    pub layers: Vec<LayerWeights>,
+    pub norm: Vec<f32>,
+    pub lm_head: QuantizedWeight,
+    /// Rotary caches `[max_len, head / 2]` (theta 10000).
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+}
+
+/// RMS-norm epsilon of every norm in the decoder.
+pub const NORM_EPSILON: f32 = 1e-6;
+
+impl DecoderWeights {
+    pub fn generate(cfg: &DecoderConfig, seed: u64) -> DecoderWeights {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let (d, h, block) = (cfg.hidden, cfg.head, cfg.block_size);
+        let norm = |rng: &mut fastrand::Rng| -> Vec<f32> { (0..d).map(|_| 0.8 + 0.4 * rng.f32()).collect() };
+        let embed = (0..cfg.vocab * d).map(|_| rng.f32() * 2.0 - 1.0).collect();
+        let layers = (0..cfg.layers)
+            .map(|_| LayerWeights {
+                input_norm: norm(&mut rng),
+                qkv: QuantizedWeight::random((cfg.heads + 2 * cfg.kv_heads) * h, d, block, &mut rng),
+                o: QuantizedWeight::random(d, cfg.heads * h, block, &mut rng),
+                post_norm: norm(&mut rng),
+                gate: QuantizedWeight::random(cfg.intermediate, d, block, &mut rng),
+                up: QuantizedWeight::random(cfg.intermediate, d, block, &mut rng),
+                down: QuantizedWeight::random(d, cfg.intermediate, block, &mut rng),
+            })
+            .collect();
+        let final_norm = norm(&mut rng);
+        let lm_head = QuantizedWeight::random(cfg.vocab, d, block, &mut rng);
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for pos in 0..cfg.max_len {
+            for i in 0..h / 2 {
+                let angle = pos as f64 * 10000f64.powf(-(2 * i) as f64 / h as f64);
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        DecoderWeights { embed, layers, norm: final_norm, lm_head, cos, sin }
+    }
+}
+
+struct Builder {
     graph: Graph,
     nodes: Vec<Node>,
-    cfg: &'a DecoderConfig,
-    rng: fastrand::Rng,
 }
 
-impl Builder<'_> {
+impl Builder {
     fn node(
         &mut self,
         domain: &str,
@@ -166,36 +240,38 @@ impl Builder<'_> {
         Ok(())
     }
 
-    fn matmul(&mut self, name: &str, input: &str, output: &str, k: i64, n: i64) -> Result<()> {
-        let block = self.cfg.block_size;
-        let (packed, scales) = quantized_weight(n, k, block, &mut self.rng);
+    fn matmul(&mut self, name: &str, input: &str, output: &str, w: &QuantizedWeight) -> Result<()> {
         let (wq, ws) = (format!("{name}.weight_Q4"), format!("{name}.weight_scales"));
-        let blocks = (k + block - 1) / block;
-        initializer(&mut self.graph, &wq, &[n, blocks, block / 2], &packed)?;
-        initializer(&mut self.graph, &ws, &[n, blocks], &scales)?;
+        let blocks = w.k_blocks();
+        initializer(&mut self.graph, &wq, &[w.n, blocks, w.block / 2], &w.packed)?;
+        initializer(&mut self.graph, &ws, &[w.n, blocks], &w.scales)?;
         let attrs = vec![
-            Attribute::new("K", k)?,
-            Attribute::new("N", n)?,
+            Attribute::new("K", w.k)?,
+            Attribute::new("N", w.n)?,
             Attribute::new("bits", 4i64)?,
-            Attribute::new("block_size", block)?,
+            Attribute::new("block_size", w.block)?,
             Attribute::new("accuracy_level", 0i64)?,
         ];
         self.node(MS, "MatMulNBits", name, &[input, &wq, &ws], &[output], attrs)
     }
 
-    fn norm_weight(&mut self, name: &str) -> Result<String> {
-        let w: Vec<f32> = (0..self.cfg.hidden).map(|_| 0.8 + 0.4 * self.rng.f32()).collect();
-        initializer(&mut self.graph, name, &[self.cfg.hidden], &w)?;
+    fn norm_weight(&mut self, name: &str, w: &[f32]) -> Result<String> {
+        initializer(&mut self.graph, name, &[w.len() as i64], w)?;
         Ok(name.to_owned())
     }
 }
 
 /// The decoder as an in-memory model. The same `seed` gives the same weights.
 pub fn build(cfg: &DecoderConfig, seed: u64) -> Result<Model> {
+    build_from(cfg, &DecoderWeights::generate(cfg, seed))
+}
+
+/// The decoder with the given weights.
+pub fn build_from(cfg: &DecoderConfig, w: &DecoderWeights) -> Result<Model> {
     let f32t = TensorElementType::Float32;
     let i64t = TensorElementType::Int64;
     let (d, kvh, h) = (cfg.hidden, cfg.kv_heads, cfg.head);
-    let mut b = Builder { graph: Graph::new()?, nodes: Vec::new(), cfg, rng: fastrand::Rng::with_seed(seed) };
+    let mut b = Builder { graph: Graph::new()?, nodes: Vec::new() };
     let mut inputs = vec![
         Outlet::new("input_ids", io(i64t, &[-1, -1], &["batch", "sequence"])),
         Outlet::new("attention_mask", io(i64t, &[-1, -1], &["batch", "total_sequence"])),
@@ -211,21 +287,10 @@ pub fn build(cfg: &DecoderConfig, seed: u64) -> Result<Model> {
     b.graph.set_inputs(inputs)?;
     b.graph.set_outputs(outputs)?;
 
-    // Embedding (float32), rotary caches (theta 10000), the mask reformatting of genai.
-    let embed: Vec<f32> = (0..cfg.vocab * d).map(|_| b.rng.f32() * 2.0 - 1.0).collect();
-    initializer(&mut b.graph, "model.embed_tokens.weight", &[cfg.vocab, d], &embed)?;
-    let half = h / 2;
-    let (mut cos, mut sin) = (Vec::new(), Vec::new());
-    for pos in 0..cfg.max_len {
-        for i in 0..half {
-            let inv = 10000f64.powf(-(2 * i) as f64 / h as f64);
-            let angle = pos as f64 * inv;
-            cos.push(angle.cos() as f32);
-            sin.push(angle.sin() as f32);
-        }
-    }
-    initializer(&mut b.graph, "cos_cache", &[cfg.max_len, half], &cos)?;
-    initializer(&mut b.graph, "sin_cache", &[cfg.max_len, half], &sin)?;
+    // Embedding (float32), rotary caches, the mask reformatting of genai.
+    initializer(&mut b.graph, "model.embed_tokens.weight", &[cfg.vocab, d], &w.embed)?;
+    initializer(&mut b.graph, "cos_cache", &[cfg.max_len, h / 2], &w.cos)?;
+    initializer(&mut b.graph, "sin_cache", &[cfg.max_len, h / 2], &w.sin)?;
     initializer(&mut b.graph, "one", &[], &[1i64])?;
     initializer(&mut b.graph, "axis_1", &[1], &[1i64])?;
     b.node(ONNX_DOMAIN, "Gather", "embed", &["model.embed_tokens.weight", "input_ids"], &["x0"], vec![])?;
@@ -238,13 +303,12 @@ pub fn build(cfg: &DecoderConfig, seed: u64) -> Result<Model> {
     b.node(ONNX_DOMAIN, "Gather", "mask_total", &["mask_shape", "one"], &["total_i64"], vec![])?;
     b.node(ONNX_DOMAIN, "Cast", "total_seq_len", &["total_i64"], &["total_seq_len"], to_i32()?)?;
 
-    let eps = || -> Result<Vec<Attribute>> { Ok(vec![Attribute::new("epsilon", 1e-6f32)?]) };
+    let eps = || -> Result<Vec<Attribute>> { Ok(vec![Attribute::new("epsilon", NORM_EPSILON)?]) };
     let mut residual = "x0".to_owned();
     let mut pending: Option<String> = None; // the output to add to the residual
-    let qkv_width = (cfg.heads + 2 * kvh) * h;
-    for i in 0..cfg.layers {
+    for (i, lw) in w.layers.iter().enumerate() {
         let p = format!("model.layers.{i}");
-        let ln1 = b.norm_weight(&format!("{p}.input_layernorm.weight"))?;
+        let ln1 = b.norm_weight(&format!("{p}.input_layernorm.weight"), &lw.input_norm)?;
         let normed = format!("{p}.attn_in");
         match pending.take() {
             None => b.node(
@@ -268,7 +332,7 @@ pub fn build(cfg: &DecoderConfig, seed: u64) -> Result<Model> {
                 residual = sum;
             }
         }
-        b.matmul(&format!("{p}.attn.qkv_proj.MatMul"), &normed, &format!("{p}.qkv"), d, qkv_width)?;
+        b.matmul(&format!("{p}.attn.qkv_proj.MatMul"), &normed, &format!("{p}.qkv"), &lw.qkv)?;
         let attrs = vec![
             Attribute::new("num_heads", cfg.heads)?,
             Attribute::new("kv_num_heads", kvh)?,
@@ -289,8 +353,8 @@ pub fn build(cfg: &DecoderConfig, seed: u64) -> Result<Model> {
             attrs,
         )?;
         let o = format!("{p}.o_out");
-        b.matmul(&format!("{p}.attn.o_proj.MatMul"), &attn, &o, cfg.heads * h, d)?;
-        let ln2 = b.norm_weight(&format!("{p}.post_attention_layernorm.weight"))?;
+        b.matmul(&format!("{p}.attn.o_proj.MatMul"), &attn, &o, &lw.o)?;
+        let ln2 = b.norm_weight(&format!("{p}.post_attention_layernorm.weight"), &lw.post_norm)?;
         let (mlp_in, sum) = (format!("{p}.mlp_in"), format!("{p}.residual_mid"));
         b.node(
             MS,
@@ -302,20 +366,20 @@ pub fn build(cfg: &DecoderConfig, seed: u64) -> Result<Model> {
         )?;
         residual = sum;
         let (gate, up) = (format!("{p}.gate"), format!("{p}.up"));
-        b.matmul(&format!("{p}.mlp.gate_proj.MatMul"), &mlp_in, &gate, d, cfg.intermediate)?;
-        b.matmul(&format!("{p}.mlp.up_proj.MatMul"), &mlp_in, &up, d, cfg.intermediate)?;
+        b.matmul(&format!("{p}.mlp.gate_proj.MatMul"), &mlp_in, &gate, &lw.gate)?;
+        b.matmul(&format!("{p}.mlp.up_proj.MatMul"), &mlp_in, &up, &lw.up)?;
         let (sig, silu, act) = (format!("{p}.gate_sigmoid"), format!("{p}.gate_silu"), format!("{p}.act"));
         b.node(ONNX_DOMAIN, "Sigmoid", &format!("{p}.mlp.act_fn.Sigmoid"), &[&gate], &[&sig], vec![])?;
         b.node(ONNX_DOMAIN, "Mul", &format!("{p}.mlp.act_fn.Mul"), &[&gate, &sig], &[&silu], vec![])?;
         b.node(ONNX_DOMAIN, "Mul", &format!("{p}.mlp.Mul"), &[&silu, &up], &[&act], vec![])?;
         let down = format!("{p}.down");
-        b.matmul(&format!("{p}.mlp.down_proj.MatMul"), &act, &down, cfg.intermediate, d)?;
+        b.matmul(&format!("{p}.mlp.down_proj.MatMul"), &act, &down, &lw.down)?;
         pending = Some(down);
     }
-    let lnf = b.norm_weight("model.norm.weight")?;
+    let lnf = b.norm_weight("model.norm.weight", &w.norm)?;
     let add = pending.unwrap_or_default();
     b.node(MS, "SkipSimplifiedLayerNormalization", "model.norm", &[&add, &residual, &lnf], &["final"], eps()?)?;
-    b.matmul("lm_head.MatMul", "final", "logits", d, cfg.vocab)?;
+    b.matmul("lm_head.MatMul", "final", "logits", &w.lm_head)?;
 
     let Builder { mut graph, nodes, .. } = b;
     for n in nodes {
@@ -323,7 +387,6 @@ pub fn build(cfg: &DecoderConfig, seed: u64) -> Result<Model> {
     }
     let mut model = Model::new([Opset::new(ONNX_DOMAIN, 21)?, Opset::new(MS, 1)?])?;
     model.set_graph(graph)?;
-    let _ = tensor_type; // (symbolic dims are named explicitly above)
     Ok(model)
 }
 
@@ -512,4 +575,65 @@ pub fn to_json(r: &LlmReport) -> serde_json::Value {
         "cpu": {"prefill_ms": r.cpu.prefill_ms, "decode_ms_per_token": r.cpu.median_step_ms(), "tokens": r.cpu.tokens},
         "mlx": {"prefill_ms": r.mlx.prefill_ms, "decode_ms_per_token": r.mlx.median_step_ms(), "tokens": r.mlx.tokens},
     })
+}
+
+/// One MatMulNBits node (`x [1, K] -> [1, N]`, 4-bit, block 32) with random weights: the
+/// quantized-matmul micro benchmark.
+pub fn matmul_nbits_model(k: i64, n: i64, seed: u64) -> Result<Model> {
+    let mut b = Builder { graph: Graph::new()?, nodes: Vec::new() };
+    let f32t = TensorElementType::Float32;
+    b.graph.set_inputs([Outlet::new("x", io(f32t, &[1, k], &["", ""]))])?;
+    b.graph.set_outputs([Outlet::new("y", io(f32t, &[1, n], &["", ""]))])?;
+    let w = QuantizedWeight::random(n, k, 32, &mut fastrand::Rng::with_seed(seed));
+    b.matmul("matmul", "x", "y", &w)?;
+    finish(b)
+}
+
+/// One GroupQueryAttention decode step (packed QKV of one token, a past of `past` rows,
+/// rotary): the attention micro benchmark. Inputs `qkv`, `past_key`, `past_value`,
+/// `seqlens_k`, `total_sequence_length`.
+pub fn gqa_step_model(cfg: &DecoderConfig, past: i64) -> Result<Model> {
+    let mut b = Builder { graph: Graph::new()?, nodes: Vec::new() };
+    let (f32t, i32t) = (TensorElementType::Float32, TensorElementType::Int32);
+    let (kvh, h) = (cfg.kv_heads, cfg.head);
+    let width = (cfg.heads + 2 * kvh) * h;
+    b.graph.set_inputs([
+        Outlet::new("qkv", io(f32t, &[1, 1, width], &["", "", ""])),
+        Outlet::new("past_key", io(f32t, &[1, kvh, past, h], &["", "", "", ""])),
+        Outlet::new("past_value", io(f32t, &[1, kvh, past, h], &["", "", "", ""])),
+        Outlet::new("seqlens_k", io(i32t, &[1], &[""])),
+        Outlet::new("total_sequence_length", io(i32t, &[], &[])),
+    ])?;
+    b.graph.set_outputs([
+        Outlet::new("y", io(f32t, &[1, 1, cfg.heads * h], &["", "", ""])),
+        Outlet::new("present_key", io(f32t, &[1, kvh, past + 1, h], &["", "", "", ""])),
+        Outlet::new("present_value", io(f32t, &[1, kvh, past + 1, h], &["", "", "", ""])),
+    ])?;
+    let w = DecoderWeights::generate(&DecoderConfig { layers: 0, vocab: 1, ..cfg.clone() }, 1);
+    initializer(&mut b.graph, "cos_cache", &[cfg.max_len, h / 2], &w.cos)?;
+    initializer(&mut b.graph, "sin_cache", &[cfg.max_len, h / 2], &w.sin)?;
+    let attrs = vec![
+        Attribute::new("num_heads", cfg.heads)?,
+        Attribute::new("kv_num_heads", kvh)?,
+        Attribute::new("do_rotary", 1i64)?,
+    ];
+    b.node(
+        MS,
+        "GroupQueryAttention",
+        "attention",
+        &["qkv", "", "", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache", "sin_cache"],
+        &["y", "present_key", "present_value"],
+        attrs,
+    )?;
+    finish(b)
+}
+
+fn finish(b: Builder) -> Result<Model> {
+    let Builder { mut graph, nodes } = b;
+    for n in nodes {
+        graph.add_node(n)?;
+    }
+    let mut model = Model::new([Opset::new(ONNX_DOMAIN, 21)?, Opset::new(MS, 1)?])?;
+    model.set_graph(graph)?;
+    Ok(model)
 }

@@ -91,6 +91,19 @@ impl Array {
 
     /// Evaluates the array if needed and copies its elements, row-major, into `out`.
     pub fn copy_to(&self, out: &mut [u8], stream: &Stream) -> Result<()> {
+        // Already evaluated and row-contiguous (a partition's outputs are): copy directly, with
+        // no further graph node or evaluation.
+        if let Some(bytes) = self.host_bytes() {
+            if out.len() != bytes.len() {
+                return Err(MlxError(format!(
+                    "output buffer of {} bytes for an array of {} bytes",
+                    out.len(),
+                    bytes.len()
+                )));
+            }
+            out.copy_from_slice(bytes);
+            return Ok(());
+        }
         let dense = super::ops::contiguous(self, stream)?;
         dense.eval()?;
         let n = dense.size() * dense.dtype().size_in_bytes();

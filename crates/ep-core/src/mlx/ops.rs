@@ -704,3 +704,29 @@ pub fn take_range(a: &Array, start: i64, len: i64, axis: i32, s: &Stream) -> Res
     let idx: Vec<i32> = (start..start + len).map(|i| i as i32).collect();
     take(a, &Array::from_slice(&idx, &[len])?, axis, s)
 }
+
+/// MLX's fused rotary embedding with frequencies `base^(-2i/dims)` and the position offset
+/// given as an array (so a compiled graph does not bake it in).
+pub fn rope_with_base(x: &Array, dims: i32, traditional: bool, base: f32, offset: &Array, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    let base = mlx_sys::mlx_optional_float { value: base, has_value: true };
+    let none = Array::empty();
+    // SAFETY: as above.
+    check(unsafe {
+        mlx_sys::mlx_fast_rope_dynamic(&mut out.0, x.0, dims as c_int, traditional, base, 1.0, offset.0, none.0, s.0)
+    })?;
+    Ok(out)
+}
+
+/// The number of elements of `a` over `axes` (the product of those dimensions), as a scalar
+/// array of `dtype` computed when evaluated: unlike a shape read while building, a
+/// shapeless-compiled graph replays it right when the dimensions change.
+pub fn number_of_elements(a: &Array, axes: &[i32], dtype: Dtype, s: &Stream) -> Result<Array> {
+    let axes: Vec<c_int> = axes.iter().map(|&d| d as c_int).collect();
+    let mut out = Array::empty();
+    // SAFETY: `axes` outlives the call.
+    check(unsafe {
+        mlx_sys::mlx_number_of_elements(&mut out.0, a.0, axes.as_ptr(), axes.len(), false, dtype.to_raw(), s.0)
+    })?;
+    Ok(out)
+}

@@ -115,6 +115,11 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
             // SAFETY: ORT allocated `size` bytes for this output.
             unsafe { std::slice::from_raw_parts_mut(data, size) }
         };
+        if array.host_bytes().is_none() {
+            // A view (or an array MLX left unevaluated): making it contiguous is one more
+            // evaluation, counted as such.
+            plan.stats().evaluations.fetch_add(1, Ordering::Relaxed);
+        }
         array.copy_to(buf, plan.stream()).map_err(|e| Error::new(format!("output '{}': {e}", out.name)))?;
         plan.stats().copied_out_bytes.fetch_add(size as u64, Ordering::Relaxed);
     }

@@ -1,0 +1,211 @@
+//! The generated decoders written directly against MLX through the project's MLX layer: the
+//! same weights (`DecoderWeights`) and the same computation as the ONNX graph (int4
+//! `quantized_matmul`, fused RMS norm, rotary, fused attention over a KV cache that grows by
+//! concatenation), compiled the way an MLX program would be (the decode step as one
+//! shapeless closure). What the EP adds on top of this is its own overhead.
+
+use ep_core::mlx::{Array, Closure, Dtype, Stream, ops};
+use ep_core::{Error, Result};
+use mlx_ep_host::decoder::{DecoderConfig, DecoderWeights, Generation, NORM_EPSILON, QuantizedWeight};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// RMS norm over the last axis.
+fn rms(x: &Array, w: &Array, s: &Stream) -> Result<Array> {
+    if std::env::var_os("NATIVE_FAST_NORM").is_some() {
+        return Ok(ops::rms_norm(x, w, NORM_EPSILON, s)?);
+    }
+    let ms = ops::mean_axes(&ops::square(x, s)?, &[-1], true, s)?;
+    let inv = ops::rsqrt(&ops::add(&ms, &ops::scalar(NORM_EPSILON as f64, Dtype::F32, s)?, s)?, s)?;
+    Ok(ops::multiply(&ops::multiply(x, &inv, s)?, w, s)?)
+}
+
+/// A 4-bit weight in MLX's affine layout.
+struct QWeight {
+    q: Array,
+    scales: Array,
+    biases: Array,
+    block: i32,
+}
+
+impl QWeight {
+    fn new(w: &QuantizedWeight) -> Result<QWeight> {
+        let blocks = w.k_blocks();
+        let words = blocks * w.block / 8;
+        let q = Array::from_bytes(&w.packed, &[w.n, words], Dtype::U32)?;
+        let scales = Array::from_slice(&w.scales, &[w.n, blocks])?;
+        let biases: Vec<f32> = w.scales.iter().map(|s| -8.0 * s).collect();
+        let biases = Array::from_slice(&biases, &[w.n, blocks])?;
+        Ok(QWeight { q, scales, biases, block: w.block as i32 })
+    }
+
+    fn apply(&self, x: &Array, s: &Stream) -> Result<Array> {
+        Ok(ops::quantized_matmul(x, &self.q, &self.scales, &self.biases, true, self.block, 4, s)?)
+    }
+}
+
+struct Layer {
+    input_norm: Array,
+    qkv: QWeight,
+    o: QWeight,
+    post_norm: Array,
+    gate: QWeight,
+    up: QWeight,
+    down: QWeight,
+}
+
+struct Model {
+    cfg: DecoderConfig,
+    embed: Array,
+    layers: Vec<Layer>,
+    norm: Array,
+    lm_head: QWeight,
+    cos: Array,
+    sin: Array,
+}
+
+impl Model {
+    /// Rotary embedding of `x` `[1, heads, S, H]` at positions `offset..offset + S`, from the
+    /// same cos/sin tables as the ONNX model. (MLX's fused rope falls back to slices on the CPU,
+    /// which a shapeless closure cannot replay; on GPUs the fused kernel would be the choice.)
+    fn rotate(&self, x: &Array, offset: &Array, seq: i64, s: &Stream) -> Result<Array> {
+        let half = self.cfg.head / 2;
+        let steps = ops::arange(0.0, seq as f64, 1.0, Dtype::I32, s)?;
+        let pos = ops::add(&steps, offset, s)?;
+        let angle =
+            |t: &Array| -> Result<Array> { Ok(ops::reshape(&ops::take(t, &pos, 0, s)?, &[1, 1, seq, half], s)?) };
+        let (cos, sin) = (angle(&self.cos)?, angle(&self.sin)?);
+        let (a, b) = (ops::take_range(x, 0, half, 3, s)?, ops::take_range(x, half, half, 3, s)?);
+        let y1 = ops::subtract(&ops::multiply(&a, &cos, s)?, &ops::multiply(&b, &sin, s)?, s)?;
+        let y2 = ops::add(&ops::multiply(&b, &cos, s)?, &ops::multiply(&a, &sin, s)?, s)?;
+        Ok(ops::concatenate(&[y1, y2], 3, s)?)
+    }
+
+    /// One forward pass: `ids` `[1, S]` int32, `offset` `[]` int32 (the position of the first
+    /// token), the caches `[1, kv_heads, P, H]` per layer (K then V). Returns the last
+    /// position's logits `[1, vocab]` and the grown caches.
+    fn forward(&self, args: &[Array], s: &Stream) -> Result<Vec<Array>> {
+        let c = &self.cfg;
+        let (ids, offset) = (&args[0], &args[1]);
+        let seq = ids.shape()[1];
+        let (nq, nkv) = (c.heads * c.head, c.kv_heads * c.head);
+        let mut x = ops::take(&self.embed, ids, 0, s)?;
+        let mut out = vec![];
+        let heads = |t: &Array, n: i64| -> Result<Array> {
+            let t = ops::reshape(t, &[1, seq, n, c.head], s)?;
+            Ok(ops::transpose_axes(&t, &[0, 2, 1, 3], s)?)
+        };
+        for (i, l) in self.layers.iter().enumerate() {
+            let h = rms(&x, &l.input_norm, s)?;
+            let qkv = l.qkv.apply(&h, s)?;
+            let q = heads(&ops::take_range(&qkv, 0, nq, 2, s)?, c.heads)?;
+            let k = heads(&ops::take_range(&qkv, nq, nkv, 2, s)?, c.kv_heads)?;
+            let v = heads(&ops::take_range(&qkv, nq + nkv, nkv, 2, s)?, c.kv_heads)?;
+            let q = self.rotate(&q, offset, seq, s)?;
+            let k = self.rotate(&k, offset, seq, s)?;
+            let keys = ops::concatenate(&[args[2 + 2 * i].clone(), k], 2, s)?;
+            let values = ops::concatenate(&[args[3 + 2 * i].clone(), v], 2, s)?;
+            let scale = 1.0 / (c.head as f32).sqrt();
+            let a = ops::scaled_dot_product_attention(&q, &keys, &values, scale, None, seq > 1, s)?;
+            let a = ops::reshape(&ops::transpose_axes(&a, &[0, 2, 1, 3], s)?, &[1, seq, nq], s)?;
+            x = ops::add(&x, &l.o.apply(&a, s)?, s)?;
+            let h = rms(&x, &l.post_norm, s)?;
+            let g = l.gate.apply(&h, s)?;
+            let act = ops::multiply(&ops::multiply(&g, &ops::sigmoid(&g, s)?, s)?, &l.up.apply(&h, s)?, s)?;
+            x = ops::add(&x, &l.down.apply(&act, s)?, s)?;
+            out.push(keys);
+            out.push(values);
+        }
+        let last = ops::take_range(&x, seq - 1, 1, 1, s)?;
+        let logits = self.lm_head.apply(&rms(&last, &self.norm, s)?, s)?;
+        let mut result = vec![ops::reshape(&logits, &[1, c.vocab], s)?];
+        result.extend(out);
+        Ok(result)
+    }
+}
+
+/// Traces of native decode steps (one is expected: the closure is shapeless).
+pub static TRACES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The native decoder: weights uploaded once, a compiled decode step.
+pub struct NativeDecoder {
+    model: Arc<Model>,
+    decode: Closure,
+    stream: Stream,
+}
+
+impl NativeDecoder {
+    pub fn new(cfg: &DecoderConfig, w: &DecoderWeights) -> Result<NativeDecoder> {
+        let layers = w
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(Layer {
+                    input_norm: Array::from_slice(&l.input_norm, &[cfg.hidden])?,
+                    qkv: QWeight::new(&l.qkv)?,
+                    o: QWeight::new(&l.o)?,
+                    post_norm: Array::from_slice(&l.post_norm, &[cfg.hidden])?,
+                    gate: QWeight::new(&l.gate)?,
+                    up: QWeight::new(&l.up)?,
+                    down: QWeight::new(&l.down)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let model = Arc::new(Model {
+            cfg: cfg.clone(),
+            embed: Array::from_slice(&w.embed, &[cfg.vocab, cfg.hidden])?,
+            layers,
+            norm: Array::from_slice(&w.norm, &[cfg.hidden])?,
+            lm_head: QWeight::new(&w.lm_head)?,
+            cos: Array::from_slice(&w.cos, &[cfg.max_len, cfg.head / 2])?,
+            sin: Array::from_slice(&w.sin, &[cfg.max_len, cfg.head / 2])?,
+        });
+        let m = Arc::clone(&model);
+        let decode = Closure::new(move |args: &[Array]| {
+            TRACES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let s = Stream::default_device()?;
+            m.forward(args, &s).map_err(|e| ep_core::mlx::MlxError(e.0))
+        })
+        .compile(true)?;
+        Ok(NativeDecoder { model, decode, stream: Stream::default_device()? })
+    }
+
+    /// Greedy generation as [`mlx_ep_host::decoder::generate`] does it: a prefill of `prompt`,
+    /// then `steps` one-token steps, the last logits copied to the host each step.
+    pub fn generate(&self, prompt: &[i64], steps: usize) -> Result<Generation> {
+        let _g = ep_core::mlx::lock();
+        let c = &self.model.cfg;
+        let s = &self.stream;
+        let mut caches: Vec<Array> = (0..2 * c.layers)
+            .map(|_| Array::from_slice::<f32>(&[], &[1, c.kv_heads, 0, c.head]))
+            .collect::<std::result::Result<_, _>>()?;
+        let mut out = Generation::default();
+        let mut ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+        let mut pos = 0i32;
+        for step in 0..=steps {
+            let started = Instant::now();
+            let mut args = vec![Array::from_slice(&ids, &[1, ids.len() as i64])?, Array::from_slice(&[pos], &[])?];
+            args.extend(caches.iter().cloned());
+            // The prefill runs eagerly (an MLX program would compile it per prompt length).
+            let results = if step == 0 { self.model.forward(&args, s)? } else { self.decode.apply(&args)? };
+            ep_core::mlx::VectorArray::from_arrays(&results)?.eval()?;
+            let logits = results[0].to_vec::<f32>(s)?;
+            let ms = started.elapsed().as_secs_f64() * 1000.0;
+            caches = results[1..].to_vec();
+            pos += ids.len() as i32;
+            if step == 0 {
+                out.prefill_ms = ms;
+            } else {
+                out.step_ms.push(ms);
+            }
+            let next = logits.iter().enumerate().fold(0, |b, (i, v)| if *v > logits[b] { i } else { b });
+            out.tokens.push(next as i64);
+            out.logits.push(logits);
+            ids = vec![next as i32];
+        }
+        if out.tokens.is_empty() {
+            return Err(Error::new("no steps ran"));
+        }
+        Ok(out)
+    }
+}
