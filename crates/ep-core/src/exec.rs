@@ -16,7 +16,7 @@
 
 use crate::graph::{ElemType, NodeInfo};
 use crate::lowering::{
-    CompileSafety, DerivedConstants, LowerCtx, Lowering, PlanCaches, RowWriteBack, SubgraphConstants,
+    CompileSafety, DerivedConstants, LowerCtx, Lowering, PlanCaches, RowWriteBack, RowsAt, SubgraphConstants,
 };
 use crate::mlx::{self, Array, Closure, Dtype, MlxError, Stream, VectorArray};
 use crate::registry::Registry;
@@ -81,6 +81,7 @@ impl Translation {
     /// lowerings asked for. `tracing` is set inside a compiled trace.
     fn build(&self, inputs: Vec<Array>, stream: &Stream, tracing: bool, shapeless: bool) -> Result<Built> {
         let mut write_backs = Vec::new();
+        let mut rows_at = Vec::new();
         let mut guards: Vec<Array> = Vec::new();
         let mut values: Vec<Option<Array>> = vec![None; self.num_values];
         let resolve = |values: &[Option<Array>], src: Source| -> Option<Array> {
@@ -117,6 +118,11 @@ impl Translation {
             let results =
                 node.lowering.lower(&mut ctx, info).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
             guards.extend(ctx.take_guards());
+            for request in ctx.take_rows_at() {
+                if let Some(pending) = self.rows_at(node, request) {
+                    rows_at.push(pending);
+                }
+            }
             for request in ctx.take_write_backs() {
                 let wb =
                     self.write_back(node, request, stream).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
@@ -170,7 +176,7 @@ impl Translation {
                 None => all,
             });
         }
-        Ok(Built { outputs: results, write_backs, guard })
+        Ok(Built { outputs: results, write_backs, rows_at, guard })
     }
 
     /// Whether the decode slot may replay one shapeless trace of this partition while the
@@ -287,6 +293,27 @@ impl Translation {
         }
     }
 
+    /// The partition output a node output is, when it is one.
+    fn partition_output(&self, node: &PlanNode, output: usize) -> Option<String> {
+        node.info
+            .outputs
+            .get(output)
+            .cloned()
+            .flatten()
+            .map(|v| v.name)
+            .filter(|name| self.outputs.iter().any(|o| o.name == *name))
+    }
+
+    /// Resolves a request to write rows at data positions: `None` unless the input is a
+    /// runtime input and the updated value a partition output.
+    fn rows_at(&self, node: &PlanNode, request: RowsAt) -> Option<PendingRows> {
+        let Some(Source::Input(input)) = node.inputs.get(request.input).copied() else {
+            return None;
+        };
+        let output = self.partition_output(node, request.aliased_output)?;
+        Some(PendingRows { input, rows: request.rows, starts: request.starts, axis: request.axis, output })
+    }
+
     /// Resolves a lowering's in-place update request against the partition: `None` when the
     /// input is not a runtime input or the updated value is not a partition output (nothing
     /// could share a buffer with it).
@@ -295,21 +322,14 @@ impl Translation {
         let Some(Source::Input(input)) = node.inputs.get(request.input).copied() else {
             return Ok(None);
         };
-        let Some(output) = node
-            .info
-            .outputs
-            .get(request.aliased_output)
-            .cloned()
-            .flatten()
-            .map(|v| v.name)
-            .filter(|name| self.outputs.iter().any(|o| o.name == *name))
-        else {
+        let Some(output) = self.partition_output(node, request.aliased_output) else {
             return Ok(None);
         };
         let shape = request.array.shape();
         let byte_ranges =
             row_byte_ranges(&shape, request.array.dtype().size_in_bytes(), request.axis, &request.patches)?;
-        Ok(Some(WriteBack { input, array: mlx::ops::contiguous(&request.array, stream)?, byte_ranges, output }))
+        let chunks = byte_ranges.into_iter().map(|r| (r.clone(), r.start)).collect();
+        Ok(Some(WriteBack { input, array: mlx::ops::contiguous(&request.array, stream)?, chunks, output }))
     }
 }
 
@@ -318,15 +338,53 @@ impl Translation {
 struct Built {
     outputs: Vec<Array>,
     write_backs: Vec<WriteBack>,
+    rows_at: Vec<PendingRows>,
     guard: Option<Array>,
 }
 
-/// Partition output `output` is runtime input `input` with only `byte_ranges` changed: when
-/// ORT gives that output the input's own buffer, copying those ranges of `array` produces it.
+/// Rows to write into a runtime input's buffer at positions known after evaluation.
+struct PendingRows {
+    input: usize,
+    rows: Array,
+    starts: Array,
+    axis: usize,
+    output: String,
+}
+
+impl PendingRows {
+    /// The write-back, once `rows` and `starts` are evaluated, into an input of `shape`.
+    fn resolve(&self, shape: &[i64]) -> Result<WriteBack> {
+        let starts = self.starts.to_vec::<i32>(&Stream::cpu()?)?;
+        let rows = self.rows.shape();
+        let itemsize = self.rows.dtype().size_in_bytes();
+        let (axis, n) = (self.axis, rows[self.axis] as usize);
+        let len = shape[axis] as usize;
+        let per_batch: usize = shape[1..axis].iter().map(|&d| d as usize).product();
+        let inner: usize = shape[axis + 1..].iter().map(|&d| d as usize).product::<usize>() * itemsize;
+        let mut chunks = Vec::with_capacity(starts.len() * per_batch);
+        for (b, &start) in starts.iter().enumerate() {
+            if start < 0 || start as usize + n > len {
+                return Err(Error::new(format!(
+                    "rows {start}..{} of batch {b} exceed length {len}",
+                    start as usize + n
+                )));
+            }
+            for o in 0..per_batch {
+                let slab = b * per_batch + o;
+                chunks.push((slab * n * inner..(slab * n + n) * inner, (slab * len + start as usize) * inner));
+            }
+        }
+        Ok(WriteBack { input: self.input, array: self.rows.clone(), chunks, output: self.output.clone() })
+    }
+}
+
+/// Partition output `output` is runtime input `input` with only some rows changed: when ORT
+/// gives that output the input's own buffer, copying each chunk (a byte range of `array`, to a
+/// byte offset of the buffer) produces it.
 pub struct WriteBack {
     pub input: usize,
     pub array: Array,
-    pub byte_ranges: Vec<std::ops::Range<usize>>,
+    pub chunks: Vec<(std::ops::Range<usize>, usize)>,
     pub output: String,
 }
 
@@ -396,7 +454,52 @@ type InputKey = Vec<(Dtype, Vec<i64>)>;
 /// Compiled closures by input key, least recently used first.
 #[derive(Default)]
 struct CompiledCache {
-    entries: VecDeque<(InputKey, Arc<Closure>)>,
+    entries: VecDeque<(InputKey, Traced)>,
+}
+
+/// What a trace returns beyond the partition's outputs (rows to write at data positions, a
+/// guard), recorded when the closure is traced.
+#[derive(Default, Clone)]
+struct TraceMeta {
+    rows_at: Vec<(usize, usize, String)>,
+    guard: bool,
+}
+
+/// A compiled closure and what its trace recorded.
+#[derive(Clone)]
+struct Traced {
+    closure: Arc<Closure>,
+    meta: Arc<Mutex<Option<TraceMeta>>>,
+}
+
+impl Traced {
+    /// Traces `translation` into a closure compiled shapeless or per shape.
+    fn compile(translation: &Arc<Translation>, stats: &Arc<SessionStats>, shapeless: bool) -> Result<Traced> {
+        let meta: Arc<Mutex<Option<TraceMeta>>> = Arc::default();
+        let (t, st, m) = (Arc::clone(translation), Arc::clone(stats), Arc::clone(&meta));
+        let traced = Closure::new(move |args: &[Array]| {
+            st.traces.fetch_add(1, Ordering::Relaxed);
+            let stream = Stream::default_device()?;
+            let built = t.build(args.to_vec(), &stream, true, shapeless).map_err(|e| MlxError(e.0))?;
+            *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(TraceMeta {
+                rows_at: built.rows_at.iter().map(|p| (p.input, p.axis, p.output.clone())).collect(),
+                guard: built.guard.is_some(),
+            });
+            let mut outputs = built.outputs;
+            for p in built.rows_at {
+                outputs.push(p.rows);
+                outputs.push(p.starts);
+            }
+            outputs.extend(built.guard);
+            Ok(outputs)
+        });
+        let compiled = {
+            let _timer = stats.phase(Phase::Compile, &translation.name);
+            traced.compile(shapeless)?
+        };
+        stats.compiles.fetch_add(1, Ordering::Relaxed);
+        Ok(Traced { closure: Arc::new(compiled), meta })
+    }
 }
 
 /// A partition ready to run.
@@ -577,7 +680,7 @@ impl Plan {
             && let Some(key) = self.decode_key(&inputs)
         {
             match self.run_decode(&inputs, key) {
-                Ok(Some(outputs)) => return Ok(RunOutputs { outputs, write_backs: Vec::new() }),
+                Ok(Some(run)) => return Ok(run),
                 // A guard failed: this run takes the exact shape-keyed path.
                 Ok(None) => {
                     self.stats.decode_guard_misses.fetch_add(1, Ordering::Relaxed);
@@ -587,7 +690,10 @@ impl Plan {
         }
         if !matches!(mode, Mode::Eager(_)) && !empty {
             match self.run_compiled(&inputs, &mode) {
-                Ok(outputs) => return Ok(RunOutputs { outputs, write_backs: Vec::new() }),
+                Ok(Some(run)) => return Ok(run),
+                Ok(None) => {
+                    return Err(Error::new(format!("partition {}: a guard failed outside the decode slot", t.name)));
+                }
                 Err(e) => {
                     let reason = format!("compiled run failed ({e}); running eagerly from now on");
                     self.stats.record_fallback(format!("partition {}: {reason}", t.name));
@@ -596,12 +702,17 @@ impl Plan {
                 }
             }
         }
-        let Built { outputs, write_backs, .. } = {
+        let shapes: Vec<Vec<i64>> = inputs.iter().map(Array::shape).collect();
+        let Built { outputs, mut write_backs, rows_at, .. } = {
             let _timer = self.stats.phase(Phase::Translate, &t.name);
             t.build(inputs, &self.stream, false, false)?
         };
         self.stats.eager_runs.fetch_add(1, Ordering::Relaxed);
-        self.evaluate(outputs.iter().chain(write_backs.iter().map(|w| &w.array)))?;
+        let extra = rows_at.iter().flat_map(|p| [&p.rows, &p.starts]);
+        self.evaluate(outputs.iter().chain(write_backs.iter().map(|w| &w.array)).chain(extra))?;
+        for p in &rows_at {
+            write_backs.push(p.resolve(&shapes[p.input])?);
+        }
         Ok(RunOutputs { outputs, write_backs })
     }
 
@@ -614,7 +725,7 @@ impl Plan {
         Ok(())
     }
 
-    fn run_compiled(&self, inputs: &[Array], mode: &Mode) -> Result<Vec<Array>> {
+    fn run_compiled(&self, inputs: &[Array], mode: &Mode) -> Result<Option<RunOutputs>> {
         let shapeless = *mode == Mode::Shapeless;
         // A shapeless trace bakes in which dims broadcast (size 1): its key keeps, per dim,
         // whether it is 1, so `[n, 1] * [1, m]` and `[n, m] * [n, m]` get their own traces while
@@ -629,46 +740,59 @@ impl Plan {
                 )
             })
             .collect();
-        let closure = self.compiled_for(key, shapeless)?;
+        let traced = self.compiled_for(&self.cache, key, shapeless)?;
+        self.apply(&traced, inputs)
+    }
+
+    /// The compiled closure for `key` in `cache`, compiling (and evicting the least recently
+    /// used entry) on a miss.
+    fn compiled_for(&self, cache: &Mutex<CompiledCache>, key: InputKey, shapeless: bool) -> Result<Traced> {
+        let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = cache.entries.iter().position(|(k, _)| *k == key) {
+            let entry = cache.entries.remove(i).expect("index from position");
+            let traced = entry.1.clone();
+            cache.entries.push_back(entry);
+            return Ok(traced);
+        }
+        let traced = Traced::compile(&self.translation, &self.stats, shapeless)?;
+        if cache.entries.len() >= COMPILED_CACHE_CAPACITY {
+            cache.entries.pop_front();
+        }
+        cache.entries.push_back((key, traced.clone()));
+        Ok(traced)
+    }
+
+    /// Applies a compiled closure and evaluates everything it returns in one evaluation: the
+    /// outputs, the rows to write at data positions, the guard. `None` when the guard failed.
+    fn apply(&self, traced: &Traced, inputs: &[Array]) -> Result<Option<RunOutputs>> {
         let traces_before = self.stats.traces.load(Ordering::Relaxed);
         let started = Instant::now();
-        let outputs = closure.apply(inputs).map_err(Error::from)?;
+        let mut outputs = traced.closure.apply(inputs).map_err(Error::from)?;
         if self.stats.traces.load(Ordering::Relaxed) == traces_before {
             self.stats.replays.fetch_add(1, Ordering::Relaxed);
         } else {
             self.stats.add_time(Phase::Translate, started.elapsed());
         }
         self.evaluate(&outputs)?;
-        Ok(outputs)
-    }
-
-    /// The compiled closure for `key`, compiling (and evicting the least recently used entry)
-    /// on a miss.
-    fn compiled_for(&self, key: InputKey, shapeless: bool) -> Result<Arc<Closure>> {
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = cache.entries.iter().position(|(k, _)| *k == key) {
-            let entry = cache.entries.remove(i).expect("index from position");
-            let closure = Arc::clone(&entry.1);
-            cache.entries.push_back(entry);
-            return Ok(closure);
+        let meta = traced.meta.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
+        let n = self.translation.outputs.len();
+        if outputs.len() != n + 2 * meta.rows_at.len() + meta.guard as usize {
+            return Err(Error::new(format!("a compiled closure returned {} arrays for {n} outputs", outputs.len())));
         }
-        let translation = Arc::clone(&self.translation);
-        let stats = Arc::clone(&self.stats);
-        let traced = Closure::new(move |args: &[Array]| {
-            stats.traces.fetch_add(1, Ordering::Relaxed);
-            let stream = Stream::default_device()?;
-            translation.build(args.to_vec(), &stream, true, false).map(|b| b.outputs).map_err(|e| MlxError(e.0))
-        });
-        let compiled = {
-            let _timer = self.stats.phase(Phase::Compile, &self.translation.name);
-            Arc::new(traced.compile(shapeless)?)
-        };
-        self.stats.compiles.fetch_add(1, Ordering::Relaxed);
-        if cache.entries.len() >= COMPILED_CACHE_CAPACITY {
-            cache.entries.pop_front();
+        if meta.guard {
+            let guard = outputs.pop().expect("counted above");
+            if !guard.to_vec::<bool>(&self.stream)?.first().copied().unwrap_or(false) {
+                return Ok(None);
+            }
         }
-        cache.entries.push_back((key, Arc::clone(&compiled)));
-        Ok(compiled)
+        let mut extra = outputs.split_off(n).into_iter();
+        let mut write_backs = Vec::with_capacity(meta.rows_at.len());
+        for (input, axis, output) in meta.rows_at {
+            let (rows, starts) = (extra.next().expect("counted above"), extra.next().expect("counted above"));
+            let shape = inputs.get(input).map(Array::shape).unwrap_or_default();
+            write_backs.push(PendingRows { input, rows, starts, axis, output }.resolve(&shape)?);
+        }
+        Ok(Some(RunOutputs { outputs, write_backs }))
     }
 }
 
@@ -731,55 +855,26 @@ impl Plan {
     }
 
     /// Runs the decode slot's shapeless closure for `key`; `None` when a guard failed.
-    fn run_decode(&self, inputs: &[Array], key: InputKey) -> Result<Option<Vec<Array>>> {
-        let n = self.translation.outputs.len();
-        let closure = {
-            let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
-            match st.cache.entries.iter().position(|(k, _)| *k == key) {
-                Some(i) => Arc::clone(&st.cache.entries[i].1),
-                None => {
-                    let translation = Arc::clone(&self.translation);
-                    let stats = Arc::clone(&self.stats);
-                    let traced = Closure::new(move |args: &[Array]| {
-                        stats.traces.fetch_add(1, Ordering::Relaxed);
-                        let stream = Stream::default_device()?;
-                        let built = translation.build(args.to_vec(), &stream, true, true).map_err(|e| MlxError(e.0))?;
-                        let mut outputs = built.outputs;
-                        outputs.extend(built.guard);
-                        Ok(outputs)
-                    });
-                    let compiled = {
-                        let _timer = self.stats.phase(Phase::Compile, &self.translation.name);
-                        Arc::new(traced.compile(true)?)
-                    };
-                    self.stats.compiles.fetch_add(1, Ordering::Relaxed);
-                    if st.cache.entries.len() >= COMPILED_CACHE_CAPACITY {
-                        st.cache.entries.pop_front();
-                    }
-                    st.cache.entries.push_back((key, Arc::clone(&compiled)));
-                    compiled
+    fn run_decode(&self, inputs: &[Array], key: InputKey) -> Result<Option<RunOutputs>> {
+        let traced = {
+            let st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
+            st.cache.entries.iter().find(|(k, _)| *k == key).map(|(_, t)| t.clone())
+        };
+        let traced = match traced {
+            Some(t) => t,
+            None => {
+                let t = Traced::compile(&self.translation, &self.stats, true)?;
+                let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
+                if st.cache.entries.len() >= COMPILED_CACHE_CAPACITY {
+                    st.cache.entries.pop_front();
                 }
+                st.cache.entries.push_back((key, t.clone()));
+                t
             }
         };
-        let traces_before = self.stats.traces.load(Ordering::Relaxed);
-        let started = Instant::now();
-        let mut outputs = closure.apply(inputs).map_err(Error::from)?;
-        if self.stats.traces.load(Ordering::Relaxed) == traces_before {
-            self.stats.replays.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.stats.add_time(Phase::Translate, started.elapsed());
-        }
-        self.evaluate(&outputs)?;
+        let run = self.apply(&traced, inputs)?;
         self.stats.decode_runs.fetch_add(1, Ordering::Relaxed);
-        if outputs.len() == n + 1 {
-            let guard = outputs.pop().expect("n + 1 outputs");
-            if !guard.to_vec::<bool>(&self.stream)?.first().copied().unwrap_or(false) {
-                return Ok(None);
-            }
-        } else if outputs.len() != n {
-            return Err(Error::new(format!("the decode closure returned {} outputs for {n}", outputs.len())));
-        }
-        Ok(Some(outputs))
+        Ok(run)
     }
 }
 
@@ -1253,7 +1348,7 @@ mod tests {
         assert_eq!(run.write_backs.len(), 1);
         let wb = &run.write_backs[0];
         assert_eq!((wb.input, wb.output.as_str()), (0, "present"));
-        assert_eq!(wb.byte_ranges, vec![12..24, 48 + 36..48 + 48]);
+        assert_eq!(wb.chunks, vec![(12..24, 12), (48 + 36..48 + 48, 48 + 36)]);
         let bytes = wb.array.host_bytes().unwrap();
         let floats: Vec<f32> = bytes.chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap())).collect();
         assert_eq!(&floats[3..6], &[1.0, 2.0, 3.0]);

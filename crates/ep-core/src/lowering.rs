@@ -155,6 +155,7 @@ pub struct LowerCtx<'a> {
     /// Building the decode slot's shapeless trace (see [`LowerCtx::shapeless`]).
     shapeless: bool,
     write_backs: Vec<RowWriteBack>,
+    rows_at: Vec<RowsAt>,
     guards: Vec<Array>,
     /// Values of enclosing scopes by name (the node's implicit inputs), for its subgraphs.
     scope: Option<&'a std::collections::HashMap<String, Array>>,
@@ -192,6 +193,18 @@ impl SubgraphConstants {
     }
 }
 
+/// A lowering's request to write new rows into the buffer of an input, at positions that are
+/// data (see [`LowerCtx::write_rows_at`]).
+pub struct RowsAt {
+    pub input: usize,
+    /// The input's shape with `S` rows along `axis`.
+    pub rows: Array,
+    /// `[B]` int32: where batch entry `b`'s rows start along `axis`.
+    pub starts: Array,
+    pub axis: usize,
+    pub aliased_output: usize,
+}
+
 /// A lowering's request to write rows of an updated input back into ORT's buffer for it.
 pub struct RowWriteBack {
     /// The node input whose buffer is updated.
@@ -219,6 +232,7 @@ impl<'a> LowerCtx<'a> {
             tracing: false,
             shapeless: false,
             write_backs: Vec::new(),
+            rows_at: Vec::new(),
             guards: Vec::new(),
             scope: None,
             subgraph_constants: None,
@@ -245,6 +259,7 @@ impl<'a> LowerCtx<'a> {
             tracing,
             shapeless,
             write_backs: Vec::new(),
+            rows_at: Vec::new(),
             guards: Vec::new(),
             scope,
             subgraph_constants: Some(&caches.subgraphs),
@@ -294,6 +309,7 @@ impl<'a> LowerCtx<'a> {
                     tracing: self.tracing,
                     shapeless: self.shapeless,
                     write_backs: Vec::new(),
+                    rows_at: Vec::new(),
                     guards: Vec::new(),
                     scope: Some(&env),
                     subgraph_constants: Some(cache),
@@ -319,6 +335,10 @@ impl<'a> LowerCtx<'a> {
 
     pub(crate) fn take_write_backs(&mut self) -> Vec<RowWriteBack> {
         std::mem::take(&mut self.write_backs)
+    }
+
+    pub(crate) fn take_rows_at(&mut self) -> Vec<RowsAt> {
+        std::mem::take(&mut self.rows_at)
     }
 
     pub(crate) fn take_guards(&mut self) -> Vec<Array> {
@@ -425,6 +445,42 @@ impl<'a> LowerCtx<'a> {
             )));
         }
         self.write_backs.push(RowWriteBack { input, array: updated.clone(), axis, patches, aliased_output });
+        Ok(())
+    }
+
+    /// Declares that node output `aliased_output` is input `input` (shape `[B, .., L, ..]`)
+    /// with, for each batch entry `b`, rows `starts[b] .. starts[b] + S` along `axis` replaced
+    /// by `rows[b]` (`rows`: the input's shape with `S` along `axis`; `starts`: `[B]` int32,
+    /// computed in the graph). Unlike [`Self::write_back_rows`] the positions are data, so this
+    /// works inside compiled traces: the engine evaluates `rows` and `starts` with the outputs
+    /// and, when ORT binds the output to the input's own buffer (a KV cache shared by past and
+    /// present), copies only those rows; otherwise the output is copied whole.
+    pub fn write_rows_at(
+        &mut self,
+        input: usize,
+        rows: &Array,
+        starts: &Array,
+        axis: usize,
+        aliased_output: usize,
+    ) -> Result<()> {
+        let original = self.input(input)?;
+        let (os, rs) = (original.shape(), rows.shape());
+        let fits = os.len() == rs.len()
+            && axis > 0
+            && axis < os.len()
+            && (0..os.len()).all(|d| d == axis || os[d] == rs[d])
+            && rs[axis] <= os[axis];
+        if !fits || original.dtype() != rows.dtype() {
+            return Err(Error::new(format!(
+                "rows {:?}{rs:?} do not fit input {input} {:?}{os:?} along axis {axis}",
+                rows.dtype(),
+                original.dtype()
+            )));
+        }
+        let starts = crate::mlx::ops::astype(starts, crate::mlx::Dtype::I32, self.stream)?;
+        let starts = crate::mlx::ops::reshape(&starts, &[os[0]], self.stream)?;
+        let rows = crate::mlx::ops::contiguous(rows, self.stream)?;
+        self.rows_at.push(RowsAt { input, rows, starts, axis, aliased_output });
         Ok(())
     }
 

@@ -53,6 +53,8 @@ pub struct SessionStats {
     pub evaluations: AtomicU64,
     /// Bytes copied from ORT's input buffers into MLX, and from MLX into ORT's outputs.
     pub copied_in_bytes: AtomicU64,
+    /// Input bytes read in place (CPU device, no copy).
+    pub borrowed_in_bytes: AtomicU64,
     pub copied_out_bytes: AtomicU64,
     /// Runs through the decode slot (one shapeless closure across growing KV lengths).
     pub decode_runs: AtomicU64,
@@ -171,10 +173,11 @@ impl SessionStats {
         );
         let _ = writeln!(
             s,
-            "  evaluations: {}; bytes copied in: {}, out: {}",
+            "  evaluations: {}; bytes copied in: {}, out: {} (inputs read in place: {} bytes)",
             Self::count(&self.evaluations),
             Self::count(&self.copied_in_bytes),
-            Self::count(&self.copied_out_bytes)
+            Self::count(&self.copied_out_bytes),
+            Self::count(&self.borrowed_in_bytes)
         );
         let _ = writeln!(
             s,

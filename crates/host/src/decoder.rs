@@ -486,8 +486,74 @@ pub fn generate(session: &mut Session, cfg: &DecoderConfig, prompt: &[i64], step
     Ok(out)
 }
 
+/// Greedy generation with one max-length KV buffer per cache, bound through ORT's IOBinding
+/// as both `past_key_values.*` and `present.*` (as onnxruntime-genai binds a shared buffer):
+/// `[1, kv_heads, max_len, head]`, zero at the start, written in place by the model.
+pub fn generate_shared(
+    session: &mut Session,
+    cfg: &DecoderConfig,
+    prompt: &[i64],
+    steps: usize,
+    max_len: i64,
+) -> Result<Generation> {
+    if prompt.len() + steps > max_len as usize {
+        return Err(format!("{} prompt tokens + {steps} steps exceed the buffer of {max_len}", prompt.len()).into());
+    }
+    let mut caches = Vec::new();
+    for i in 0..cfg.layers {
+        for kv in ["key", "value"] {
+            let mut t = Tensor::<f32>::new(&Allocator::default(), vec![1, cfg.kv_heads, max_len, cfg.head])?;
+            t.extract_tensor_mut().1.fill(0.0);
+            caches.push((format!("past_key_values.{i}.{kv}"), format!("present.{i}.{kv}"), t));
+        }
+    }
+    let mut binding = session.create_binding()?;
+    for (past, present, t) in caches.iter_mut() {
+        binding.bind_input(past.as_str(), &*t)?;
+        binding.bind_output(present.as_str(), &mut *t)?;
+    }
+    let mut out = Generation::default();
+    let mut ids = prompt.to_vec();
+    let mut total = 0usize;
+    for step in 0..=steps {
+        let seq = ids.len();
+        total += seq;
+        binding.bind_input("input_ids", &i64_tensor(&[1, seq as i64], ids.clone())?)?;
+        binding.bind_input("attention_mask", &i64_tensor(&[1, total as i64], vec![1; total])?)?;
+        // Rebound each step: the logits' shape changes from the prefill to the decode steps.
+        binding.bind_output_to_device("logits", &Allocator::default().memory_info())?;
+        let started = Instant::now();
+        let outputs = session.run_binding(&binding)?;
+        let ms = started.elapsed().as_secs_f64() * 1000.0;
+        let (shape, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
+        let vocab = shape[2] as usize;
+        let last = logits[(seq - 1) * vocab..seq * vocab].to_vec();
+        drop(outputs);
+        if step == 0 {
+            out.prefill_ms = ms;
+        } else {
+            out.step_ms.push(ms);
+        }
+        let next = argmax(&last);
+        out.tokens.push(next);
+        out.logits.push(last);
+        ids = vec![next];
+    }
+    Ok(out)
+}
+
+/// How a generation binds its KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvStyle {
+    /// Each step's present is the next step's past (new tensors every step).
+    Growing,
+    /// One max-length buffer per cache, bound as past and present through IOBinding.
+    Shared,
+}
+
 /// A generation on the CPU EP and on the MLX EP, side by side.
 pub struct LlmReport {
+    pub kv: KvStyle,
     pub preset: String,
     pub prompt_len: usize,
     pub cpu: Generation,
@@ -508,12 +574,22 @@ impl LlmReport {
 
 /// Builds the decoder of `cfg`, runs the same greedy generation on both EPs and compares.
 pub fn compare(cfg: &DecoderConfig, prompt_len: usize, steps: usize) -> Result<LlmReport> {
+    compare_with(cfg, prompt_len, steps, KvStyle::Growing)
+}
+
+/// [`compare`] with a choice of KV binding.
+pub fn compare_with(cfg: &DecoderConfig, prompt_len: usize, steps: usize, kv: KvStyle) -> Result<LlmReport> {
     let prompt = prompt(cfg, prompt_len);
+    let max_len = (prompt_len + steps).next_power_of_two().max(64) as i64;
     let run = |ep: crate::Ep| -> Result<(Generation, Vec<crate::Assignment>)> {
         let builder = crate::session_builder(ep)?;
         let mut session = build(cfg, 1)?.into_session(&builder)?;
         let assignment = crate::assignment(&session)?;
-        Ok((generate(&mut session, cfg, &prompt, steps)?, assignment))
+        let g = match kv {
+            KvStyle::Growing => generate(&mut session, cfg, &prompt, steps)?,
+            KvStyle::Shared => generate_shared(&mut session, cfg, &prompt, steps, max_len)?,
+        };
+        Ok((g, assignment))
     };
     let (cpu, _) = run(crate::Ep::Cpu)?;
     let (mlx, assignment) = run(crate::Ep::Mlx)?;
@@ -527,6 +603,7 @@ pub fn compare(cfg: &DecoderConfig, prompt_len: usize, steps: usize) -> Result<L
         }
     }
     Ok(LlmReport {
+        kv,
         preset: cfg.name.to_owned(),
         prompt_len,
         cpu,
@@ -541,8 +618,12 @@ pub fn compare(cfg: &DecoderConfig, prompt_len: usize, steps: usize) -> Result<L
 /// Prints the report as the demo shows it.
 pub fn print(r: &LlmReport) {
     println!(
-        "decoder '{}': prompt {} tokens, {} greedy decode steps; {}/{} nodes on {}",
+        "decoder '{}' ({} KV cache): prompt {} tokens, {} greedy decode steps; {}/{} nodes on {}",
         r.preset,
+        match r.kv {
+            KvStyle::Growing => "growing",
+            KvStyle::Shared => "shared-buffer",
+        },
         r.prompt_len,
         r.cpu.step_ms.len(),
         r.nodes_on_mlx,
@@ -568,7 +649,7 @@ pub fn print(r: &LlmReport) {
 /// The report as JSON.
 pub fn to_json(r: &LlmReport) -> serde_json::Value {
     serde_json::json!({
-        "preset": r.preset, "prompt_len": r.prompt_len,
+        "preset": r.preset, "prompt_len": r.prompt_len, "kv": format!("{:?}", r.kv),
         "nodes_on_mlx": r.nodes_on_mlx, "nodes_total": r.nodes_total,
         "agreeing_tokens": r.agreeing_tokens, "steps": r.cpu.tokens.len(),
         "max_logit_diff": r.max_logit_diff,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: mlx-ep-run demo [--repeat N] [--json PATH]
-       mlx-ep-run llm [--preset tiny|small|qwen2.5-0.5b] [--prompt N] [--steps N] [--json PATH]
+       mlx-ep-run llm [--preset tiny|small|qwen2.5-0.5b] [--kv growing|shared] [--prompt N] [--steps N] [--json PATH]
        mlx-ep-run run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]...
 The plugin is taken from $ORT_MLX_EP_LIB, ONNX Runtime from $ORT_DYLIB_PATH.";
 
@@ -28,6 +28,7 @@ fn run() -> Result<bool> {
     let mut json: Option<PathBuf> = None;
     let mut model: Option<PathBuf> = None;
     let (mut preset, mut prompt_len, mut steps) = ("tiny".to_owned(), 16usize, 32usize);
+    let mut kv = decoder::KvStyle::Growing;
     let mut it = rest.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -41,6 +42,13 @@ fn run() -> Result<bool> {
                 let (k, v) = spec.split_once('=').ok_or("--dim needs NAME=VALUE")?;
                 opts.dims
                     .insert(k.to_owned(), v.parse().map_err(|_| format!("--dim {spec}: value is not an integer"))?);
+            }
+            "--kv" => {
+                kv = match it.next().map(String::as_str) {
+                    Some("growing") => decoder::KvStyle::Growing,
+                    Some("shared") => decoder::KvStyle::Shared,
+                    _ => return Err("--kv takes growing or shared".into()),
+                }
             }
             "--preset" => preset = it.next().ok_or("--preset needs a name")?.clone(),
             "--prompt" => {
@@ -59,7 +67,7 @@ fn run() -> Result<bool> {
         }
     }
     if cmd == "llm" {
-        let report = decoder::compare(&decoder::DecoderConfig::preset(&preset)?, prompt_len, steps)?;
+        let report = decoder::compare_with(&decoder::DecoderConfig::preset(&preset)?, prompt_len, steps, kv)?;
         decoder::print(&report);
         if let Some(path) = json {
             std::fs::write(&path, serde_json::to_string_pretty(&decoder::to_json(&report))?)?;

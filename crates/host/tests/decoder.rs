@@ -58,3 +58,34 @@ fn decode_steps_replay_one_trace_with_one_evaluation_each() {
     // One evaluation per run of the (single) partition: prefill plus each step.
     assert_eq!(counter(&stderr, "; bytes copied in"), steps + 1, "{stderr}");
 }
+
+#[test]
+fn a_shared_kv_buffer_receives_only_the_new_rows() {
+    let (prompt, steps) = (8u64, 24u64);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-ep-run"))
+        .args([
+            "llm",
+            "--preset",
+            "tiny",
+            "--kv",
+            "shared",
+            "--prompt",
+            &prompt.to_string(),
+            "--steps",
+            &steps.to_string(),
+        ])
+        .env("ONNXRUNTIME_EP_MLX_VERBOSE", "1")
+        .output()
+        .expect("mlx-ep-run runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains(&format!("greedy tokens agree: {0}/{0}", steps + 1)), "{stdout}");
+    let cfg = mlx_ep_host::decoder::DecoderConfig::tiny();
+    // Per token: K and V of every layer, kv_heads rows of `head` float32 values.
+    let row_bytes = (2 * cfg.layers as u64) * cfg.kv_heads as u64 * cfg.head as u64 * 4;
+    assert_eq!(counter(&stderr, "bytes of changed rows written"), (prompt + steps) * row_bytes, "{stderr}");
+    // Copied out: the logits only (the prefill's prompt positions, then one per step).
+    assert_eq!(counter(&stderr, " (inputs read in place"), (prompt + steps) * cfg.vocab as u64 * 4, "{stderr}");
+    assert_eq!(counter(&stderr, "guard misses"), 0, "{stderr}");
+    assert_eq!(counter(&stderr, "in the decode slot"), steps - 1, "{stderr}");
+}

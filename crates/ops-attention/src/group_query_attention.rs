@@ -203,6 +203,12 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     }
     let present_k = present(past_k.as_ref(), &k, &past_b, present_len, &g, s)?;
     let present_v = present(past_v.as_ref(), &v, &past_b, present_len, &g, s)?;
+    if past_k.is_some() && present_len == past_len {
+        // A static cache: when ORT binds present to past's buffer (genai's shared buffer),
+        // only the new rows are written into it.
+        ctx.write_rows_at(3, &k, &past_b, 2, 1)?;
+        ctx.write_rows_at(4, &v, &past_b, 2, 2)?;
+    }
 
     // Which keys each query sees: [B, 1, S, L].
     let causal = node.attr_int("causal", 1)? == 1;

@@ -41,6 +41,40 @@ impl Array {
         Ok(Array(raw))
     }
 
+    /// An array over `data` without copying it, for the duration of one partition run.
+    ///
+    /// # Safety
+    /// `data` must stay valid and unchanged until every array derived from the returned one
+    /// has been evaluated and dropped, and the caller must hold another reference to the
+    /// returned array until then (so MLX never donates the buffer to an output and writes into
+    /// it). Only for the CPU device (a GPU cannot read host memory in place).
+    pub(crate) unsafe fn borrowed(data: &[u8], shape: &[i64], dtype: Dtype) -> Result<Array> {
+        init();
+        let dims = to_mlx_shape(shape)?;
+        let count: usize = dims.iter().map(|&d| d as usize).product();
+        if data.len() != count * dtype.size_in_bytes() || data.is_empty() {
+            return Err(MlxError(format!(
+                "buffer of {} bytes does not match shape {shape:?} of {dtype:?}",
+                data.len()
+            )));
+        }
+        unsafe extern "C" fn keep(_: *mut std::ffi::c_void) {}
+        // SAFETY: per the caller, `data` outlives the array; the no-op deleter leaves it to ORT.
+        let raw = unsafe {
+            mlx_sys::mlx_array_new_data_managed(
+                data.as_ptr().cast_mut().cast(),
+                dims.as_ptr(),
+                dims.len() as c_int,
+                dtype.to_raw(),
+                Some(keep),
+            )
+        };
+        if raw.ctx.is_null() {
+            return Err(MlxError("could not create an array".into()));
+        }
+        Ok(Array(raw))
+    }
+
     /// A new array from typed host data.
     pub fn from_slice<T: Element>(data: &[T], shape: &[i64]) -> Result<Array> {
         // SAFETY: `Element` types are plain old data without padding.
@@ -94,6 +128,10 @@ impl Array {
         // Already evaluated and row-contiguous (a partition's outputs are): copy directly, with
         // no further graph node or evaluation.
         if let Some(bytes) = self.host_bytes() {
+            if std::ptr::eq(out.as_ptr(), bytes.as_ptr()) {
+                // The output is the buffer this array was borrowed from: already in place.
+                return Ok(());
+            }
             if out.len() != bytes.len() {
                 return Err(MlxError(format!(
                     "output buffer of {} bytes for an array of {} bytes",

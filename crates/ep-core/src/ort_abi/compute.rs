@@ -81,15 +81,19 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
         if value.is_null() {
             return Err(Error::new(format!("input '{name}' is missing")));
         }
-        // SAFETY: ORT keeps input values alive during Compute.
-        let array = unsafe { tensor_to_array(value, &format!("input '{name}'"))? };
-        plan.stats()
-            .copied_in_bytes
-            .fetch_add((array.size() * array.dtype().size_in_bytes()) as u64, Ordering::Relaxed);
+        // SAFETY: ORT keeps input values alive during Compute; a borrowed array is held (below)
+        // until the outputs are copied and dropped before this call returns.
+        let (array, borrowed) = unsafe { tensor_to_array(value, &format!("input '{name}'"))? };
+        let bytes = (array.size() * array.dtype().size_in_bytes()) as u64;
+        let counter = if borrowed { &plan.stats().borrowed_in_bytes } else { &plan.stats().copied_in_bytes };
+        counter.fetch_add(bytes, Ordering::Relaxed);
         inputs.push(array);
         values.push(value);
     }
     drop(copy_in);
+    // Held until the outputs are copied: borrowed inputs must keep a second reference (MLX
+    // never donates their buffers to outputs) and must not outlive this call.
+    let held: Vec<mlx::Array> = inputs.clone();
     let run = plan.run(inputs)?;
     let copy_out = plan.stats().phase(Phase::CopyOut, plan.name());
     for (i, (array, out)) in run.outputs.iter().zip(plan.outputs()).enumerate() {
@@ -124,6 +128,8 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
         plan.stats().copied_out_bytes.fetch_add(size as u64, Ordering::Relaxed);
     }
     drop(copy_out);
+    drop(run);
+    drop(held);
     if let Some(t) = plan.stats().tracer() {
         let args = serde_json::json!({ "mode": format!("{:?}", plan.mode()) });
         t.record(plan.name(), "partition", run_started, Instant::now(), args);
@@ -146,18 +152,18 @@ fn tensor_buffer(value: *mut OrtValue) -> Result<(*mut u8, usize)> {
 /// Copies the changed rows of a write-back into `dst` (`size` bytes); returns the bytes copied.
 fn copy_rows(wb: &WriteBack, dst: *mut u8, size: usize) -> Result<usize> {
     let src = wb.array.host_bytes().ok_or_else(|| Error::new("an in-place update was not evaluated"))?;
-    if src.len() != size {
-        return Err(Error::new(format!("in-place update of {size} bytes from {} bytes", src.len())));
-    }
     let mut copied = 0;
-    for r in &wb.byte_ranges {
-        if r.end > size {
-            return Err(Error::new(format!("rows {r:?} exceed a {size}-byte buffer")));
+    for (from, to) in &wb.chunks {
+        if from.end > src.len() || to + from.len() > size {
+            return Err(Error::new(format!(
+                "rows {from:?} -> {to} exceed the {}-byte update or the {size}-byte buffer",
+                src.len()
+            )));
         }
-        // SAFETY: `r` lies within both buffers (checked above); the source is MLX memory, the
-        // destination ORT's buffer, so they do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(r.start), dst.add(r.start), r.len()) };
-        copied += r.len();
+        // SAFETY: both ranges lie within their buffers (checked above); the source is MLX
+        // memory, the destination ORT's buffer, so they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(from.start), dst.add(*to), from.len()) };
+        copied += from.len();
     }
     Ok(copied)
 }

@@ -287,18 +287,30 @@ pub(crate) unsafe fn tensor_ref<'a>(value: *const OrtValue) -> Result<TensorRef<
     Ok(TensorRef { elem_type: ElemType::from_onnx(elem as i32), shape, bytes })
 }
 
-/// Copies a tensor value into a new MLX array.
+/// A tensor value as an MLX array, and whether it was borrowed (no copy). On the CPU device,
+/// buffers aligned to 64 bytes (ORT's allocations) are borrowed unless
+/// `ONNXRUNTIME_EP_MLX_ZERO_COPY=0`; everything else is copied.
 ///
 /// # Safety
-/// `value` must be a valid tensor `OrtValue`.
-pub(crate) unsafe fn tensor_to_array(value: *const OrtValue, what: &str) -> Result<Array> {
+/// `value` must be a valid tensor `OrtValue`. A borrowed array must be used only during the
+/// current compute call, with another reference held until its results are evaluated and
+/// copied out (see [`Array::borrowed`]).
+pub(crate) unsafe fn tensor_to_array(value: *const OrtValue, what: &str) -> Result<(Array, bool)> {
     // SAFETY: per the caller.
     let t = unsafe { tensor_ref(value)? };
     let dtype = t
         .elem_type
         .to_mlx()
         .ok_or_else(|| Error::new(format!("{what} has element type {:?}, which MLX cannot hold", t.elem_type)))?;
-    Ok(Array::from_bytes(t.bytes, &t.shape, dtype)?)
+    static ZERO_COPY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let zero_copy = *ZERO_COPY.get_or_init(|| {
+        !crate::mlx::default_device_is_gpu() && std::env::var("ONNXRUNTIME_EP_MLX_ZERO_COPY").map_or(true, |v| v != "0")
+    });
+    if zero_copy && !t.bytes.is_empty() && (t.bytes.as_ptr() as usize).is_multiple_of(64) {
+        // SAFETY: per the caller.
+        return Ok((unsafe { Array::borrowed(t.bytes, &t.shape, dtype)? }, true));
+    }
+    Ok((Array::from_bytes(t.bytes, &t.shape, dtype)?, false))
 }
 
 /// The data of a constant initializer as an MLX array, shared with every other live plan of
