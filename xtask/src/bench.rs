@@ -17,7 +17,13 @@ struct Options {
 }
 
 fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options { presets: vec!["tiny".into(), "small".into()], prompt: 32, steps: 64, rounds: 3, micro: true };
+    let mut o = Options {
+        presets: vec!["tiny".into(), "small".into(), "small:shared".into()],
+        prompt: 32,
+        steps: 64,
+        rounds: 3,
+        micro: true,
+    };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = || it.next().cloned().ok_or_else(|| format!("{a} needs a value"));
@@ -29,7 +35,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--no-micro" => o.micro = false,
             other => {
                 return Err(format!(
-                    "unexpected argument `{other}`; usage: cargo xtask bench [--presets tiny,small] [--prompt N] \
+                    "unexpected argument `{other}`; usage: cargo xtask bench [--presets tiny,small,small:shared] [--prompt N] \
                      [--steps N] [--rounds N] [--no-micro]"
                 ));
             }
@@ -79,18 +85,20 @@ pub fn bench(args: &[String]) -> Result {
     let plugin = util::plugin_path("release");
     let release = util::target_dir().join("release");
     let mut rows = Vec::new();
-    for preset in &o.presets {
-        step(&format!("decoder '{preset}': {} rounds of prompt {} + {} steps", o.rounds, o.prompt, o.steps));
+    for entry in &o.presets {
+        let (preset, kv) = entry.split_once(':').unwrap_or((entry.as_str(), "growing"));
+        step(&format!("decoder '{preset}' ({kv} KV): {} rounds of prompt {} + {} steps", o.rounds, o.prompt, o.steps));
         let (mut cpu, mut ep, mut native) = (Vec::new(), Vec::new(), Vec::new());
         let (mut cpu_prefill, mut ep_prefill, mut native_prefill) = (Vec::new(), Vec::new(), Vec::new());
         let mut summary = String::new();
         let mut agreement = json!(null);
         for round in 0..o.rounds {
-            let ep_json = out.join(format!("{preset}-ep-{round}.json"));
+            let ep_json = out.join(format!("{preset}-{kv}-ep-{round}.json"));
             let common = ["--preset", preset, "--prompt", &o.prompt.to_string(), "--steps", &o.steps.to_string()];
             let run = Command::new(release.join("mlx-ep-run"))
                 .arg("llm")
                 .args(common)
+                .args(["--kv", kv])
                 .arg("--json")
                 .arg(&ep_json)
                 .env("ORT_MLX_EP_LIB", &plugin)
@@ -131,6 +139,7 @@ pub fn bench(args: &[String]) -> Result {
         let retraces = (o.steps as f64 - 2.0 - replays).max(0.0);
         let row = json!({
             "preset": preset,
+            "kv": kv,
             "prompt": o.prompt,
             "steps": o.steps,
             "decode_ms_per_token": {"cpu_ep": median(cpu), "mlx_ep": median(ep.clone()), "native_mlx": median(native.clone())},
@@ -146,8 +155,10 @@ pub fn bench(args: &[String]) -> Result {
             "decode_slot_runs": counter(&summary, "in the decode slot")?,
             "bytes_copied_per_run": {
                 "in": counter(&summary, ", out:")? / runs,
-                "out": counter(&summary, "\n  derived constants")? / runs,
+                "out": counter(&summary, " (inputs read in place")? / runs,
+                "kv_rows_written_in_place": counter(&summary, " bytes of changed rows written")? / runs,
             },
+            "input_bytes_read_in_place_per_run": counter(&summary, " bytes)\n")? / runs,
             "agreement": agreement,
             "rounds": o.rounds,
         });
@@ -195,8 +206,9 @@ fn table(rows: &[Value], micro: &[Value]) -> String {
     );
     for r in rows {
         s += &format!(
-            "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {:.0} / {:.0} / {:.0} | {:.2} | {} | {:.0} |\n",
+            "| {} ({} KV) | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {:.0} / {:.0} / {:.0} | {:.2} | {} | {:.0} |\n",
             r["preset"].as_str().unwrap_or("?"),
+            r["kv"].as_str().unwrap_or("?"),
             f(r, "/decode_ms_per_token/cpu_ep"),
             f(r, "/decode_ms_per_token/mlx_ep"),
             f(r, "/decode_ms_per_token/native_mlx"),
@@ -250,7 +262,12 @@ fn chart(rows: &[Value]) -> String {
             s += &format!("<rect x=\"{x}\" y=\"{y:.1}\" width=\"34\" height=\"{bh:.1}\" fill=\"{color}\"/>\n");
             s += &format!("<text x=\"{x}\" y=\"{:.1}\">{v:.2}</text>\n", y - 4.0);
         }
-        s += &format!("<text x=\"{x0}\" y=\"{}\">{}</text>\n", h - bottom + 18.0, r["preset"].as_str().unwrap_or("?"));
+        s += &format!(
+            "<text x=\"{x0}\" y=\"{}\">{} ({})</text>\n",
+            h - bottom + 18.0,
+            r["preset"].as_str().unwrap_or("?"),
+            r["kv"].as_str().unwrap_or("?")
+        );
     }
     for (j, (_, label, color)) in series.iter().enumerate() {
         let y = 34.0 + 16.0 * j as f64;

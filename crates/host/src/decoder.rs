@@ -521,7 +521,7 @@ pub fn generate_shared(
         binding.bind_input("input_ids", &i64_tensor(&[1, seq as i64], ids.clone())?)?;
         binding.bind_input("attention_mask", &i64_tensor(&[1, total as i64], vec![1; total])?)?;
         // Rebound each step: the logits' shape changes from the prefill to the decode steps.
-        binding.bind_output_to_device("logits", &Allocator::default().memory_info())?;
+        binding.bind_output_to_device("logits", Allocator::default().memory_info())?;
         let started = Instant::now();
         let outputs = session.run_binding(&binding)?;
         let ms = started.elapsed().as_secs_f64() * 1000.0;
