@@ -38,6 +38,8 @@ pub struct DecoderConfig {
     /// Rows of the rotary caches: the longest sequence the model takes.
     pub max_len: i64,
     pub block_size: i64,
+    /// float16 activations, caches and float weights (float32 otherwise).
+    pub float16: bool,
 }
 
 impl DecoderConfig {
@@ -54,6 +56,7 @@ impl DecoderConfig {
             vocab: 512,
             max_len: 256,
             block_size: 32,
+            float16: false,
         }
     }
 
@@ -70,6 +73,7 @@ impl DecoderConfig {
             vocab: 2048,
             max_len: 512,
             block_size: 32,
+            float16: false,
         }
     }
 
@@ -87,17 +91,40 @@ impl DecoderConfig {
             vocab: 151936,
             max_len: 2048,
             block_size: 32,
+            float16: false,
         }
     }
 
+    /// A preset by name; a `-fp16` suffix asks for float16 activations.
     pub fn preset(name: &str) -> Result<DecoderConfig> {
+        if let Some(base) = name.strip_suffix("-fp16") {
+            return Ok(DecoderConfig { float16: true, ..Self::preset(base)? });
+        }
         match name {
             "tiny" => Ok(Self::tiny()),
             "small" => Ok(Self::small()),
             "qwen2.5-0.5b" | "qwen" => Ok(Self::qwen05b()),
-            other => Err(format!("unknown decoder preset '{other}' (tiny, small, qwen2.5-0.5b)").into()),
+            other => Err(format!("unknown decoder preset '{other}' (tiny, small, qwen2.5-0.5b; -fp16 suffix)").into()),
         }
     }
+}
+
+/// The element type of the decoder's activations and caches.
+pub fn float_type(cfg: &DecoderConfig) -> TensorElementType {
+    if cfg.float16 { TensorElementType::Float16 } else { TensorElementType::Float32 }
+}
+
+/// The last position's logits of a `[1, S, vocab]` output, as float32.
+fn last_logits(v: &DynValue, seq: usize) -> Result<Vec<f32>> {
+    let last = |shape: &[i64]| {
+        let vocab = shape[2] as usize;
+        (seq - 1) * vocab..seq * vocab
+    };
+    if let Ok((shape, l)) = v.try_extract_tensor::<f32>() {
+        return Ok(l[last(shape)].to_vec());
+    }
+    let (shape, l) = v.try_extract_tensor::<half::f16>()?;
+    Ok(l[last(shape)].iter().map(|x| x.to_f32()).collect())
 }
 
 /// A symbolic-dimension tensor type: `-1` entries take the names in `symbols` by position.
@@ -224,9 +251,20 @@ impl DecoderWeights {
 struct Builder {
     graph: Graph,
     nodes: Vec<Node>,
+    float16: bool,
 }
 
 impl Builder {
+    /// A float initializer in the model's float type.
+    fn floats(&mut self, name: &str, shape: &[i64], values: &[f32]) -> Result<()> {
+        if self.float16 {
+            let h: Vec<half::f16> = values.iter().map(|&v| half::f16::from_f32(v)).collect();
+            initializer(&mut self.graph, name, shape, &h)
+        } else {
+            initializer(&mut self.graph, name, shape, values)
+        }
+    }
+
     fn node(
         &mut self,
         domain: &str,
@@ -244,7 +282,7 @@ impl Builder {
         let (wq, ws) = (format!("{name}.weight_Q4"), format!("{name}.weight_scales"));
         let blocks = w.k_blocks();
         initializer(&mut self.graph, &wq, &[w.n, blocks, w.block / 2], &w.packed)?;
-        initializer(&mut self.graph, &ws, &[w.n, blocks], &w.scales)?;
+        self.floats(&ws, &[w.n, blocks], &w.scales)?;
         let attrs = vec![
             Attribute::new("K", w.k)?,
             Attribute::new("N", w.n)?,
@@ -256,7 +294,7 @@ impl Builder {
     }
 
     fn norm_weight(&mut self, name: &str, w: &[f32]) -> Result<String> {
-        initializer(&mut self.graph, name, &[w.len() as i64], w)?;
+        self.floats(name, &[w.len() as i64], w)?;
         Ok(name.to_owned())
     }
 }
@@ -268,10 +306,10 @@ pub fn build(cfg: &DecoderConfig, seed: u64) -> Result<Model> {
 
 /// The decoder with the given weights.
 pub fn build_from(cfg: &DecoderConfig, w: &DecoderWeights) -> Result<Model> {
-    let f32t = TensorElementType::Float32;
+    let f32t = float_type(cfg);
     let i64t = TensorElementType::Int64;
     let (d, kvh, h) = (cfg.hidden, cfg.kv_heads, cfg.head);
-    let mut b = Builder { graph: Graph::new()?, nodes: Vec::new() };
+    let mut b = Builder { graph: Graph::new()?, nodes: Vec::new(), float16: cfg.float16 };
     let mut inputs = vec![
         Outlet::new("input_ids", io(i64t, &[-1, -1], &["batch", "sequence"])),
         Outlet::new("attention_mask", io(i64t, &[-1, -1], &["batch", "total_sequence"])),
@@ -288,9 +326,9 @@ pub fn build_from(cfg: &DecoderConfig, w: &DecoderWeights) -> Result<Model> {
     b.graph.set_outputs(outputs)?;
 
     // Embedding (float32), rotary caches, the mask reformatting of genai.
-    initializer(&mut b.graph, "model.embed_tokens.weight", &[cfg.vocab, d], &w.embed)?;
-    initializer(&mut b.graph, "cos_cache", &[cfg.max_len, h / 2], &w.cos)?;
-    initializer(&mut b.graph, "sin_cache", &[cfg.max_len, h / 2], &w.sin)?;
+    b.floats("model.embed_tokens.weight", &[cfg.vocab, d], &w.embed)?;
+    b.floats("cos_cache", &[cfg.max_len, h / 2], &w.cos)?;
+    b.floats("sin_cache", &[cfg.max_len, h / 2], &w.sin)?;
     initializer(&mut b.graph, "one", &[], &[1i64])?;
     initializer(&mut b.graph, "axis_1", &[1], &[1i64])?;
     b.node(ONNX_DOMAIN, "Gather", "embed", &["model.embed_tokens.weight", "input_ids"], &["x0"], vec![])?;
@@ -438,12 +476,21 @@ fn i64_tensor(shape: &[i64], data: Vec<i64>) -> Result<DynValue> {
 
 /// Greedy generation with a growing KV cache (present of one step is the next step's past):
 /// a prefill of `prompt`, then `steps` one-token decode steps.
-pub fn generate(session: &mut Session, cfg: &DecoderConfig, prompt: &[i64], steps: usize) -> Result<Generation> {
+///
+/// With `forced`, step `i` feeds `forced[i]` instead of its own greedy token (teacher forcing:
+/// two EPs fed the same tokens see the same contexts, so their logits compare step by step).
+pub fn generate(
+    session: &mut Session,
+    cfg: &DecoderConfig,
+    prompt: &[i64],
+    steps: usize,
+    forced: Option<&[i64]>,
+) -> Result<Generation> {
     let mut past: Vec<(String, DynValue)> = Vec::new();
     for i in 0..cfg.layers {
         for kv in ["key", "value"] {
-            let empty = Tensor::<f32>::from_array((vec![1i64, cfg.kv_heads, 0, cfg.head], Vec::<f32>::new()))?;
-            past.push((format!("past_key_values.{i}.{kv}"), empty.into_dyn()));
+            let empty = crate::values::tensor_from_f64(float_type(cfg), &[1, cfg.kv_heads, 0, cfg.head], &[])?;
+            past.push((format!("past_key_values.{i}.{kv}"), empty));
         }
     }
     let mut out = Generation::default();
@@ -462,9 +509,7 @@ pub fn generate(session: &mut Session, cfg: &DecoderConfig, prompt: &[i64], step
         let started = Instant::now();
         let mut outputs = session.run(feed)?;
         let ms = started.elapsed().as_secs_f64() * 1000.0;
-        let (shape, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
-        let vocab = shape[2] as usize;
-        let last = logits[(seq - 1) * vocab..seq * vocab].to_vec();
+        let last = last_logits(&outputs["logits"], seq)?;
         let mut next_past = Vec::with_capacity(past.len());
         for (name, _) in &past {
             let present = name.replace("past_key_values", "present");
@@ -481,7 +526,7 @@ pub fn generate(session: &mut Session, cfg: &DecoderConfig, prompt: &[i64], step
         let next = argmax(&last);
         out.tokens.push(next);
         out.logits.push(last);
-        ids = vec![next];
+        ids = vec![forced.and_then(|f| f.get(step).copied()).unwrap_or(next)];
     }
     Ok(out)
 }
@@ -495,6 +540,7 @@ pub fn generate_shared(
     prompt: &[i64],
     steps: usize,
     max_len: i64,
+    forced: Option<&[i64]>,
 ) -> Result<Generation> {
     if prompt.len() + steps > max_len as usize {
         return Err(format!("{} prompt tokens + {steps} steps exceed the buffer of {max_len}", prompt.len()).into());
@@ -502,8 +548,9 @@ pub fn generate_shared(
     let mut caches = Vec::new();
     for i in 0..cfg.layers {
         for kv in ["key", "value"] {
-            let mut t = Tensor::<f32>::new(&Allocator::default(), vec![1, cfg.kv_heads, max_len, cfg.head])?;
-            t.extract_tensor_mut().1.fill(0.0);
+            let shape = [1, cfg.kv_heads, max_len, cfg.head];
+            let zeros = vec![0.0; shape.iter().product::<i64>() as usize];
+            let t = crate::values::ort_tensor_from_f64(float_type(cfg), &shape, &zeros)?;
             caches.push((format!("past_key_values.{i}.{kv}"), format!("present.{i}.{kv}"), t));
         }
     }
@@ -525,9 +572,7 @@ pub fn generate_shared(
         let started = Instant::now();
         let outputs = session.run_binding(&binding)?;
         let ms = started.elapsed().as_secs_f64() * 1000.0;
-        let (shape, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
-        let vocab = shape[2] as usize;
-        let last = logits[(seq - 1) * vocab..seq * vocab].to_vec();
+        let last = last_logits(&outputs["logits"], seq)?;
         drop(outputs);
         if step == 0 {
             out.prefill_ms = ms;
@@ -537,7 +582,7 @@ pub fn generate_shared(
         let next = argmax(&last);
         out.tokens.push(next);
         out.logits.push(last);
-        ids = vec![next];
+        ids = vec![forced.and_then(|f| f.get(step).copied()).unwrap_or(next)];
     }
     Ok(out)
 }
@@ -554,13 +599,15 @@ pub enum KvStyle {
 /// A generation on the CPU EP and on the MLX EP, side by side.
 pub struct LlmReport {
     pub kv: KvStyle,
+    pub float16: bool,
     pub preset: String,
     pub prompt_len: usize,
     pub cpu: Generation,
     pub mlx: Generation,
-    /// Leading decode tokens on which both EPs agree.
+    /// Steps whose greedy token is the same on both EPs (the MLX EP is fed the CPU EP's
+    /// tokens).
     pub agreeing_tokens: usize,
-    /// The largest difference between the EPs' logits while their tokens agreed.
+    /// The largest difference between the EPs' logits over all steps.
     pub max_logit_diff: f64,
     pub nodes_on_mlx: usize,
     pub nodes_total: usize,
@@ -581,29 +628,32 @@ pub fn compare(cfg: &DecoderConfig, prompt_len: usize, steps: usize) -> Result<L
 pub fn compare_with(cfg: &DecoderConfig, prompt_len: usize, steps: usize, kv: KvStyle) -> Result<LlmReport> {
     let prompt = prompt(cfg, prompt_len);
     let max_len = (prompt_len + steps).next_power_of_two().max(64) as i64;
-    let run = |ep: crate::Ep| -> Result<(Generation, Vec<crate::Assignment>)> {
+    let run = |ep: crate::Ep, forced: Option<&[i64]>| -> Result<(Generation, Vec<crate::Assignment>)> {
         let builder = crate::session_builder(ep)?;
         let mut session = build(cfg, 1)?.into_session(&builder)?;
         let assignment = crate::assignment(&session)?;
         let g = match kv {
-            KvStyle::Growing => generate(&mut session, cfg, &prompt, steps)?,
-            KvStyle::Shared => generate_shared(&mut session, cfg, &prompt, steps, max_len)?,
+            KvStyle::Growing => generate(&mut session, cfg, &prompt, steps, forced)?,
+            KvStyle::Shared => generate_shared(&mut session, cfg, &prompt, steps, max_len, forced)?,
         };
         Ok((g, assignment))
     };
-    let (cpu, _) = run(crate::Ep::Cpu)?;
-    let (mlx, assignment) = run(crate::Ep::Mlx)?;
+    // The MLX EP is fed the CPU EP's tokens: every step compares logits of the same context,
+    // and where every step's greedy token agrees, free-running generation agrees too.
+    let (cpu, _) = run(crate::Ep::Cpu, None)?;
+    let (mlx, assignment) = run(crate::Ep::Mlx, Some(&cpu.tokens))?;
     let nodes_total: usize = assignment.iter().map(|a| a.nodes.len()).sum();
     let nodes_on_mlx: usize = assignment.iter().filter(|a| a.ep == crate::MLX_EP).map(|a| a.nodes.len()).sum();
-    let agreeing_tokens = cpu.tokens.iter().zip(&mlx.tokens).take_while(|(a, b)| a == b).count();
+    let agreeing_tokens = cpu.tokens.iter().zip(&mlx.tokens).filter(|(a, b)| a == b).count();
     let mut max_logit_diff = 0f64;
-    for (a, b) in cpu.logits.iter().zip(&mlx.logits).take(agreeing_tokens.max(1)) {
+    for (a, b) in cpu.logits.iter().zip(&mlx.logits) {
         for (x, y) in a.iter().zip(b) {
             max_logit_diff = max_logit_diff.max((*x as f64 - *y as f64).abs());
         }
     }
     Ok(LlmReport {
         kv,
+        float16: cfg.float16,
         preset: cfg.name.to_owned(),
         prompt_len,
         cpu,
@@ -618,8 +668,9 @@ pub fn compare_with(cfg: &DecoderConfig, prompt_len: usize, steps: usize, kv: Kv
 /// Prints the report as the demo shows it.
 pub fn print(r: &LlmReport) {
     println!(
-        "decoder '{}' ({} KV cache): prompt {} tokens, {} greedy decode steps; {}/{} nodes on {}",
+        "decoder '{}' ({}, {} KV cache): prompt {} tokens, {} greedy decode steps; {}/{} nodes on {}",
         r.preset,
+        if r.float16 { "float16" } else { "float32" },
         match r.kv {
             KvStyle::Growing => "growing",
             KvStyle::Shared => "shared-buffer",
@@ -649,7 +700,7 @@ pub fn print(r: &LlmReport) {
 /// The report as JSON.
 pub fn to_json(r: &LlmReport) -> serde_json::Value {
     serde_json::json!({
-        "preset": r.preset, "prompt_len": r.prompt_len, "kv": format!("{:?}", r.kv),
+        "preset": r.preset, "prompt_len": r.prompt_len, "kv": format!("{:?}", r.kv), "float16": r.float16,
         "nodes_on_mlx": r.nodes_on_mlx, "nodes_total": r.nodes_total,
         "agreeing_tokens": r.agreeing_tokens, "steps": r.cpu.tokens.len(),
         "max_logit_diff": r.max_logit_diff,
@@ -661,7 +712,7 @@ pub fn to_json(r: &LlmReport) -> serde_json::Value {
 /// One MatMulNBits node (`x [1, K] -> [1, N]`, 4-bit, block 32) with random weights: the
 /// quantized-matmul micro benchmark.
 pub fn matmul_nbits_model(k: i64, n: i64, seed: u64) -> Result<Model> {
-    let mut b = Builder { graph: Graph::new()?, nodes: Vec::new() };
+    let mut b = Builder { graph: Graph::new()?, nodes: Vec::new(), float16: false };
     let f32t = TensorElementType::Float32;
     b.graph.set_inputs([Outlet::new("x", io(f32t, &[1, k], &["", ""]))])?;
     b.graph.set_outputs([Outlet::new("y", io(f32t, &[1, n], &["", ""]))])?;
@@ -674,7 +725,7 @@ pub fn matmul_nbits_model(k: i64, n: i64, seed: u64) -> Result<Model> {
 /// rotary): the attention micro benchmark. Inputs `qkv`, `past_key`, `past_value`,
 /// `seqlens_k`, `total_sequence_length`.
 pub fn gqa_step_model(cfg: &DecoderConfig, past: i64) -> Result<Model> {
-    let mut b = Builder { graph: Graph::new()?, nodes: Vec::new() };
+    let mut b = Builder { graph: Graph::new()?, nodes: Vec::new(), float16: false };
     let (f32t, i32t) = (TensorElementType::Float32, TensorElementType::Int32);
     let (kvh, h) = (cfg.kv_heads, cfg.head);
     let width = (cfg.heads + 2 * kvh) * h;
@@ -710,7 +761,7 @@ pub fn gqa_step_model(cfg: &DecoderConfig, past: i64) -> Result<Model> {
 }
 
 fn finish(b: Builder) -> Result<Model> {
-    let Builder { mut graph, nodes } = b;
+    let Builder { mut graph, nodes, .. } = b;
     for n in nodes {
         graph.add_node(n)?;
     }
