@@ -12,9 +12,11 @@ use std::time::Instant;
 
 /// RMS norm over the last axis (MLX's fused `rms_norm` measured no faster on the CPU).
 fn rms(x: &Array, w: &Array, s: &Stream) -> Result<Array> {
-    let ms = ops::mean_axes(&ops::square(x, s)?, &[-1], true, s)?;
+    let xf = ops::astype(x, Dtype::F32, s)?;
+    let ms = ops::mean_axes(&ops::square(&xf, s)?, &[-1], true, s)?;
     let inv = ops::rsqrt(&ops::add(&ms, &ops::scalar(NORM_EPSILON as f64, Dtype::F32, s)?, s)?, s)?;
-    Ok(ops::multiply(&ops::multiply(x, &inv, s)?, w, s)?)
+    let y = ops::multiply(&ops::multiply(&xf, &inv, s)?, &ops::astype(w, Dtype::F32, s)?, s)?;
+    Ok(ops::astype(&y, x.dtype(), s)?)
 }
 
 /// A 4-bit weight in MLX's affine layout.
@@ -25,14 +27,23 @@ struct QWeight {
     block: i32,
 }
 
+/// `values` as an array of the model's float type.
+fn floats(values: &[f32], shape: &[i64], dtype: Dtype) -> Result<Array> {
+    let a = Array::from_slice(values, shape)?;
+    let s = Stream::cpu()?;
+    let a = ops::astype(&a, dtype, &s)?;
+    a.eval()?;
+    Ok(a)
+}
+
 impl QWeight {
-    fn new(w: &QuantizedWeight) -> Result<QWeight> {
+    fn new(w: &QuantizedWeight, dtype: Dtype) -> Result<QWeight> {
         let blocks = w.k_blocks();
         let words = blocks * w.block / 8;
         let q = Array::from_bytes(&w.packed, &[w.n, words], Dtype::U32)?;
-        let scales = Array::from_slice(&w.scales, &[w.n, blocks])?;
+        let scales = floats(&w.scales, &[w.n, blocks], dtype)?;
         let biases: Vec<f32> = w.scales.iter().map(|s| -8.0 * s).collect();
-        let biases = Array::from_slice(&biases, &[w.n, blocks])?;
+        let biases = floats(&biases, &[w.n, blocks], dtype)?;
         Ok(QWeight { q, scales, biases, block: w.block as i32 })
     }
 
@@ -103,7 +114,9 @@ impl Model {
             let keys = ops::concatenate(&[args[2 + 2 * i].clone(), k], 2, s)?;
             let values = ops::concatenate(&[args[3 + 2 * i].clone(), v], 2, s)?;
             let scale = 1.0 / (c.head as f32).sqrt();
+            // (MLX's CPU attention returns float32 for float16 inputs.)
             let a = ops::scaled_dot_product_attention(&q, &keys, &values, scale, None, seq > 1, s)?;
+            let a = ops::astype(&a, q.dtype(), s)?;
             let a = ops::reshape(&ops::transpose_axes(&a, &[0, 2, 1, 3], s)?, &[1, seq, nq], s)?;
             x = ops::add(&x, &l.o.apply(&a, s)?, s)?;
             let h = rms(&x, &l.post_norm, s)?;
@@ -133,29 +146,30 @@ pub struct NativeDecoder {
 
 impl NativeDecoder {
     pub fn new(cfg: &DecoderConfig, w: &DecoderWeights) -> Result<NativeDecoder> {
+        let dt = if cfg.float16 { Dtype::F16 } else { Dtype::F32 };
         let layers = w
             .layers
             .iter()
             .map(|l| {
                 Ok(Layer {
-                    input_norm: Array::from_slice(&l.input_norm, &[cfg.hidden])?,
-                    qkv: QWeight::new(&l.qkv)?,
-                    o: QWeight::new(&l.o)?,
-                    post_norm: Array::from_slice(&l.post_norm, &[cfg.hidden])?,
-                    gate: QWeight::new(&l.gate)?,
-                    up: QWeight::new(&l.up)?,
-                    down: QWeight::new(&l.down)?,
+                    input_norm: floats(&l.input_norm, &[cfg.hidden], dt)?,
+                    qkv: QWeight::new(&l.qkv, dt)?,
+                    o: QWeight::new(&l.o, dt)?,
+                    post_norm: floats(&l.post_norm, &[cfg.hidden], dt)?,
+                    gate: QWeight::new(&l.gate, dt)?,
+                    up: QWeight::new(&l.up, dt)?,
+                    down: QWeight::new(&l.down, dt)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         let model = Arc::new(Model {
             cfg: cfg.clone(),
-            embed: Array::from_slice(&w.embed, &[cfg.vocab, cfg.hidden])?,
+            embed: floats(&w.embed, &[cfg.vocab, cfg.hidden], dt)?,
             layers,
-            norm: Array::from_slice(&w.norm, &[cfg.hidden])?,
-            lm_head: QWeight::new(&w.lm_head)?,
-            cos: Array::from_slice(&w.cos, &[cfg.max_len, cfg.head / 2])?,
-            sin: Array::from_slice(&w.sin, &[cfg.max_len, cfg.head / 2])?,
+            norm: floats(&w.norm, &[cfg.hidden], dt)?,
+            lm_head: QWeight::new(&w.lm_head, dt)?,
+            cos: floats(&w.cos, &[cfg.max_len, cfg.head / 2], dt)?,
+            sin: floats(&w.sin, &[cfg.max_len, cfg.head / 2], dt)?,
         });
         let m = Arc::clone(&model);
         let decode = Closure::new(move |args: &[Array]| {
@@ -173,9 +187,9 @@ impl NativeDecoder {
         let _g = ep_core::mlx::lock();
         let c = &self.model.cfg;
         let s = &self.stream;
-        let mut caches: Vec<Array> = (0..2 * c.layers)
-            .map(|_| Array::from_slice::<f32>(&[], &[1, c.kv_heads, 0, c.head]))
-            .collect::<std::result::Result<_, _>>()?;
+        let dt = if c.float16 { Dtype::F16 } else { Dtype::F32 };
+        let mut caches: Vec<Array> =
+            (0..2 * c.layers).map(|_| floats(&[], &[1, c.kv_heads, 0, c.head], dt)).collect::<Result<_>>()?;
         let mut out = Generation::default();
         let mut ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
         let mut pos = 0i32;
@@ -186,7 +200,12 @@ impl NativeDecoder {
             // The prefill runs eagerly (an MLX program would compile it per prompt length).
             let results = if step == 0 { self.model.forward(&args, s)? } else { self.decode.apply(&args)? };
             ep_core::mlx::VectorArray::from_arrays(&results)?.eval()?;
-            let logits = results[0].to_vec::<f32>(s)?;
+            // Widened on the host, as the EP's caller does with its float16 logits.
+            let logits = if c.float16 {
+                results[0].to_vec::<half::f16>(s)?.iter().map(|x| x.to_f32()).collect()
+            } else {
+                results[0].to_vec::<f32>(s)?
+            };
             let ms = started.elapsed().as_secs_f64() * 1000.0;
             caches = results[1..].to_vec();
             pos += ids.len() as i32;

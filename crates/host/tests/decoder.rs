@@ -98,7 +98,7 @@ fn the_float16_decoder_stays_within_the_documented_bound() {
     let cfg = DecoderConfig::preset("tiny-fp16").expect("preset");
     let report = decoder::compare(&cfg, 12, 32).expect("generation runs on both EPs");
     assert_eq!(report.nodes_on_mlx, report.nodes_total, "every node runs on the MLX EP");
-    assert!(report.max_logit_diff < 2e-2, "largest logit difference {}", report.max_logit_diff);
+    assert!(report.max_logit_diff < decoder::logit_bound(true), "largest logit difference {}", report.max_logit_diff);
     // A near-tie may flip a greedy token; nearly all must agree.
-    assert!(report.agreeing_tokens >= 31, "{} of 33 steps agree", report.agreeing_tokens);
+    assert!(report.within_bounds(), "{} of 33 steps agree", report.agreeing_tokens);
 }
