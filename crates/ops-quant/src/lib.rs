@@ -1,5 +1,6 @@
 //! Quantized ops: `com.microsoft` MatMulNBits (block-quantized weights, repacked once into
-//! MLX's quantized layout) and GatherBlockQuantized (quantized embedding tables).
+//! MLX's quantized layout) and GatherBlockQuantized (quantized embedding tables); ONNX
+//! DequantizeLinear, QuantizeLinear, DynamicQuantizeLinear, MatMulInteger and QLinearMatMul.
 //!
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`], end it with
@@ -10,6 +11,7 @@
 
 mod gather_block_quantized;
 mod matmul_nbits;
+mod qdq;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
 pub fn link() {}

@@ -1,0 +1,477 @@
+//! The ONNX quantization ops on integer tensors: DequantizeLinear and QuantizeLinear (per
+//! tensor, per axis, blocked), DynamicQuantizeLinear, MatMulInteger and QLinearMatMul.
+//!
+//! Integer arithmetic is exact: MLX multiplies matrices in floating point only, so integer
+//! matrix products are split into chunks of 256 along K, where every partial sum of 8-bit
+//! products (at most 256 * 255 * 255 < 2^24) is exact in float32, and the chunks are added in
+//! int32. Rounding is half to even, as ORT's kernels do.
+
+use ep_core::graph::ElemType;
+use ep_core::lowering::{FnLowering, normalize_axis, require_input_type, require_inputs};
+use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::{CompileSafety, Decline, Error, LowerCtx, NodeInfo, Result, bail};
+
+const QUANT: &[ElemType] = &[ElemType::I8, ElemType::U8, ElemType::I16, ElemType::U16];
+const FLOAT: &[ElemType] = &[ElemType::F32, ElemType::F16, ElemType::BF16];
+
+fn f32(a: &Array, s: &Stream) -> Result<Array> {
+    Ok(ops::astype(a, Dtype::F32, s)?)
+}
+
+/// `param` (a scale or zero point: a scalar, a 1-D per-axis vector, or a blocked tensor of
+/// `x`'s rank) shaped to broadcast against `x`: per-axis vectors along `axis`, blocks repeated
+/// `block` times along `axis` and cut to `x`'s length.
+fn broadcast_param(param: &Array, x: &[i64], axis: usize, block: i64, s: &Stream) -> Result<Array> {
+    let ps = param.shape();
+    if param.size() == 1 && block == 0 {
+        return Ok(ops::reshape(param, &[], s)?);
+    }
+    if block == 0 {
+        if ps.len() != 1 || ps[0] != x[axis] {
+            bail!("a per-axis parameter of shape {ps:?} does not match dimension {axis} of {x:?}");
+        }
+        let mut shape = vec![1; x.len()];
+        shape[axis] = x[axis];
+        return Ok(ops::reshape(param, &shape, s)?);
+    }
+    if ps.len() != x.len() || (0..x.len()).any(|d| d != axis && ps[d] != x[d]) || ps[axis] * block < x[axis] {
+        bail!("blocked parameter {ps:?} does not cover {x:?} in blocks of {block} along axis {axis}");
+    }
+    let mut wide = ps.clone();
+    wide.insert(axis + 1, block);
+    let t = ops::broadcast_to(&ops::expand_dims(param, axis as i32 + 1, s)?, &wide, s)?;
+    let mut flat = ps.clone();
+    flat[axis] *= block;
+    let t = ops::reshape(&t, &flat, s)?;
+    if flat[axis] == x[axis] {
+        return Ok(t);
+    }
+    let mut stop = flat;
+    stop[axis] = x[axis];
+    Ok(ops::slice(&t, &vec![0; x.len()], &stop, s)?)
+}
+
+/// The (axis, block size) of a Quantize/DequantizeLinear node for an input of rank `rank`.
+fn layout(node: &NodeInfo, rank: usize) -> std::result::Result<(usize, i64), String> {
+    let block = node.attr_int("block_size", 0)?;
+    // A per-tensor scale makes the axis irrelevant (ORT accepts any value then).
+    let per_tensor =
+        block == 0 && node.input(1).and_then(|v| v.shape.as_ref()).is_some_and(|s| s.iter().all(|d| *d == Some(1)));
+    let axis = if rank == 0 || per_tensor { 0 } else { normalize_axis(node.attr_int("axis", 1)?, rank)? };
+    if block < 0 {
+        return Err(format!("block_size {block} is negative"));
+    }
+    Ok((axis, block))
+}
+
+fn claim_dequantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 2, 3)?;
+    require_input_type(node, 0, &[ElemType::I8, ElemType::U8, ElemType::I16, ElemType::U16, ElemType::I32])?;
+    require_input_type(node, 1, FLOAT)?;
+    if node.input(2).and_then(|v| v.elem_type) != node.input(2).and(node.input(0).and_then(|v| v.elem_type)) {
+        return Err(Decline::new("the zero point's type differs from the input's"));
+    }
+    layout(node, ep_core::lowering::input_rank(node, 0).unwrap_or(1))?;
+    if !node.output(0).and_then(|v| v.elem_type).is_some_and(|t| FLOAT.contains(&t)) {
+        return Err(Decline::new("the output is not float32, float16 or bfloat16"));
+    }
+    Ok(())
+}
+
+fn lower_dequantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    let x = ctx.input(0)?;
+    let shape = x.shape();
+    let (axis, block) = layout(node, shape.len()).map_err(Error::new)?;
+    let out = node
+        .output(0)
+        .and_then(|v| v.elem_type)
+        .and_then(|t| t.to_mlx())
+        .ok_or_else(|| Error::new("the output type is unknown"))?;
+    let mut v = f32(x, s)?;
+    if let Some(zp) = ctx.optional_input(2) {
+        v = ops::subtract(&v, &broadcast_param(&f32(zp, s)?, &shape, axis, block, s)?, s)?;
+    }
+    let scale = broadcast_param(&f32(ctx.input(1)?, s)?, &shape, axis, block, s)?;
+    Ok(vec![ops::astype(&ops::multiply(&v, &scale, s)?, out, s)?])
+}
+
+/// The representable range of an integer type.
+fn range(t: Dtype) -> Result<(f64, f64)> {
+    Ok(match t {
+        Dtype::I8 => (-128.0, 127.0),
+        Dtype::U8 => (0.0, 255.0),
+        Dtype::I16 => (-32768.0, 32767.0),
+        Dtype::U16 => (0.0, 65535.0),
+        other => bail!("{other:?} is not a quantized type"),
+    })
+}
+
+/// `saturate(round(x / scale) + zero_point)` as `t`, computed in float32.
+fn quantize(x: &Array, scale: &Array, zp: Option<&Array>, t: Dtype, s: &Stream) -> Result<Array> {
+    let mut q = ops::round(&ops::divide(x, scale, s)?, s)?;
+    if let Some(zp) = zp {
+        q = ops::add(&q, zp, s)?;
+    }
+    let (lo, hi) = range(t)?;
+    let q = ops::clip(&q, Some(&ops::scalar(lo, Dtype::F32, s)?), Some(&ops::scalar(hi, Dtype::F32, s)?), s)?;
+    Ok(ops::astype(&q, t, s)?)
+}
+
+fn claim_quantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 2, 3)?;
+    require_input_type(node, 0, FLOAT)?;
+    require_input_type(node, 1, FLOAT)?;
+    require_input_type(node, 2, QUANT)?;
+    if !node.output(0).and_then(|v| v.elem_type).is_some_and(|t| QUANT.contains(&t)) {
+        return Err(Decline::new("the output is not an 8- or 16-bit integer type (float8, int4 are not supported)"));
+    }
+    layout(node, ep_core::lowering::input_rank(node, 0).unwrap_or(1))?;
+    Ok(())
+}
+
+fn lower_quantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    let x = ctx.input(0)?;
+    let shape = x.shape();
+    let (axis, block) = layout(node, shape.len()).map_err(Error::new)?;
+    let t = node
+        .output(0)
+        .and_then(|v| v.elem_type)
+        .and_then(|t| t.to_mlx())
+        .ok_or_else(|| Error::new("the output type is unknown"))?;
+    let scale = broadcast_param(&f32(ctx.input(1)?, s)?, &shape, axis, block, s)?;
+    let zp = match ctx.optional_input(2) {
+        Some(z) => Some(broadcast_param(&f32(z, s)?, &shape, axis, block, s)?),
+        None => None,
+    };
+    Ok(vec![quantize(&f32(x, s)?, &scale, zp.as_ref(), t, s)?])
+}
+
+fn claim_dynamic(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_input_type(node, 0, &[ElemType::F32])
+}
+
+/// uint8 with scale `(max(0, max x) - min(0, min x)) / 255` and zero point
+/// `saturate(round(-min / scale))`.
+fn lower_dynamic(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    let x = ctx.input(0)?;
+    let all: Vec<i32> = (0..x.ndim() as i32).collect();
+    let zero = ops::scalar(0.0, Dtype::F32, s)?;
+    let (hi, lo) = if x.size() == 0 {
+        (zero.clone(), zero.clone())
+    } else {
+        (
+            ops::maximum(&ops::max_axes(x, &all, false, s)?, &zero, s)?,
+            ops::minimum(&ops::min_axes(x, &all, false, s)?, &zero, s)?,
+        )
+    };
+    let scale = ops::divide(&ops::subtract(&hi, &lo, s)?, &ops::scalar(255.0, Dtype::F32, s)?, s)?;
+    let zp = ops::clip(
+        &ops::round(&ops::divide(&ops::negative(&lo, s)?, &scale, s)?, s)?,
+        Some(&zero),
+        Some(&ops::scalar(255.0, Dtype::F32, s)?),
+        s,
+    )?;
+    // An all-zero input has scale 0: everything quantizes to the zero point 0.
+    let zp = ops::where_(&ops::isnan(&zp, s)?, &zero, &zp, s)?;
+    let y = quantize(x, &scale, Some(&zp), Dtype::U8, s)?;
+    let y = ops::where_(&ops::equal(&scale, &zero, s)?, &ops::astype(&zp, Dtype::U8, s)?, &y, s)?;
+    Ok(vec![y, scale, ops::astype(&zp, Dtype::U8, s)?])
+}
+
+/// `(a - a_zp) @ (b - b_zp)` in int32, exactly: `a` `[.., M, K]`, `b` `[.., K, N]` of 8-bit
+/// integers; zero points scalars or per row of `a` / per column of `b`.
+fn integer_matmul(a: &Array, b: &Array, a_zp: Option<&Array>, b_zp: Option<&Array>, s: &Stream) -> Result<Array> {
+    let (sa, sb) = (a.shape(), b.shape());
+    if sa.len() < 2 || sb.len() < 2 || sa[sa.len() - 1] != sb[sb.len() - 2] {
+        bail!("cannot multiply {sa:?} by {sb:?}");
+    }
+    let (m, k, n) = (sa[sa.len() - 2], sa[sa.len() - 1], sb[sb.len() - 1]);
+    let mut a = f32(a, s)?;
+    let mut b = f32(b, s)?;
+    if let Some(z) = a_zp {
+        let z = f32(z, s)?;
+        let z = if z.size() > 1 { ops::reshape(&z, &[m, 1], s)? } else { ops::reshape(&z, &[], s)? };
+        a = ops::subtract(&a, &z, s)?;
+    }
+    if let Some(z) = b_zp {
+        let z = f32(z, s)?;
+        let z = if z.size() > 1 { ops::reshape(&z, &[1, n], s)? } else { ops::reshape(&z, &[], s)? };
+        b = ops::subtract(&b, &z, s)?;
+    }
+    const CHUNK: i64 = 256;
+    if k <= CHUNK {
+        return Ok(ops::astype(&ops::matmul(&a, &b, s)?, Dtype::I32, s)?);
+    }
+    let chunks = (k + CHUNK - 1) / CHUNK;
+    let pad = chunks * CHUNK - k;
+    let zero = ops::scalar(0.0, Dtype::F32, s)?;
+    let (ra, rb) = (sa.len(), sb.len());
+    let mut hi_a = vec![0; ra];
+    hi_a[ra - 1] = pad;
+    let mut hi_b = vec![0; rb];
+    hi_b[rb - 2] = pad;
+    let a = ops::pad(&a, &vec![0; ra], &hi_a, &zero, "constant", s)?;
+    let b = ops::pad(&b, &vec![0; rb], &hi_b, &zero, "constant", s)?;
+    // a: [.., M, C, 256] -> [.., C, M, 256]; b: [.., C, 256, N].
+    let mut a_shape = sa[..ra - 1].to_vec();
+    a_shape.extend([chunks, CHUNK]);
+    let a = ops::reshape(&a, &a_shape, s)?;
+    let mut perm: Vec<i32> = (0..ra as i32 - 2).collect();
+    perm.extend([ra as i32 - 1, ra as i32 - 2, ra as i32]);
+    let a = ops::transpose_axes(&a, &perm, s)?;
+    let mut b_shape = sb[..rb - 2].to_vec();
+    b_shape.extend([chunks, CHUNK, n]);
+    let b = ops::reshape(&b, &b_shape, s)?;
+    let partial = ops::astype(&ops::matmul(&a, &b, s)?, Dtype::I32, s)?;
+    Ok(ops::sum_axes(&partial, &[-3], false, s)?)
+}
+
+fn claim_matmul_integer(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 2, 4)?;
+    for i in 0..4 {
+        require_input_type(node, i, &[ElemType::I8, ElemType::U8])?;
+    }
+    for i in [0, 1] {
+        if ep_core::lowering::input_rank(node, i).is_none_or(|r| r < 2) {
+            return Err(Decline(format!("input {i} must have rank 2 or more")));
+        }
+    }
+    Ok(())
+}
+
+fn lower_matmul_integer(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    Ok(vec![integer_matmul(ctx.input(0)?, ctx.input(1)?, ctx.optional_input(2), ctx.optional_input(3), s)?])
+}
+
+fn claim_qlinear_matmul(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 8, 8)?;
+    for i in [0, 2, 3, 5, 7] {
+        require_input_type(node, i, &[ElemType::I8, ElemType::U8])?;
+    }
+    for i in [1, 4, 6] {
+        require_input_type(node, i, &[ElemType::F32])?;
+    }
+    for i in [0, 3] {
+        if ep_core::lowering::input_rank(node, i).is_none_or(|r| r < 2) {
+            return Err(Decline(format!("input {i} must have rank 2 or more")));
+        }
+    }
+    for i in [1, 2, 4, 5, 6, 7] {
+        if node.input(i).and_then(ep_core::graph::ValueInfo::rank).is_some_and(|r| r > 1) {
+            return Err(Decline::new("scales and zero points must be scalars or vectors"));
+        }
+    }
+    Ok(())
+}
+
+/// `saturate(round(acc * (a_scale * b_scale / y_scale)) + y_zp)`, the product accumulated
+/// exactly in int32.
+fn lower_qlinear_matmul(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    let acc = integer_matmul(ctx.input(0)?, ctx.input(3)?, Some(ctx.input(2)?), Some(ctx.input(5)?), s)?;
+    let n = *acc.shape().last().unwrap_or(&1);
+    let m = acc.shape().iter().rev().nth(1).copied().unwrap_or(1);
+    let a_scale = f32(ctx.input(1)?, s)?;
+    let a_scale =
+        if a_scale.size() > 1 { ops::reshape(&a_scale, &[m, 1], s)? } else { ops::reshape(&a_scale, &[], s)? };
+    let b_scale = f32(ctx.input(4)?, s)?;
+    let b_scale =
+        if b_scale.size() > 1 { ops::reshape(&b_scale, &[1, n], s)? } else { ops::reshape(&b_scale, &[], s)? };
+    let multiplier = ops::divide(&ops::multiply(&a_scale, &b_scale, s)?, &f32(ctx.input(6)?, s)?, s)?;
+    let t = ctx.input(7)?.dtype();
+    let one = ops::scalar(1.0, Dtype::F32, s)?;
+    let zp = ops::reshape(&f32(ctx.input(7)?, s)?, &[], s)?;
+    let scaled = ops::multiply(&f32(&acc, s)?, &multiplier, s)?;
+    Ok(vec![quantize(&scaled, &one, Some(&zp), t, s)?])
+}
+
+ep_core::register_lowering!(
+    DEQUANTIZE_LINEAR = FnLowering {
+        domain: "",
+        op: "DequantizeLinear",
+        opsets: 10..=i32::MAX,
+        claim: claim_dequantize,
+        lower: lower_dequantize,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
+ep_core::register_lowering!(
+    QUANTIZE_LINEAR = FnLowering {
+        domain: "",
+        op: "QuantizeLinear",
+        opsets: 10..=i32::MAX,
+        claim: claim_quantize,
+        lower: lower_quantize,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
+ep_core::register_lowering!(
+    DYNAMIC_QUANTIZE_LINEAR = FnLowering {
+        domain: "",
+        op: "DynamicQuantizeLinear",
+        opsets: 11..=i32::MAX,
+        claim: claim_dynamic,
+        lower: lower_dynamic,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
+ep_core::register_lowering!(
+    MATMUL_INTEGER = FnLowering {
+        domain: "",
+        op: "MatMulInteger",
+        opsets: 10..=i32::MAX,
+        claim: claim_matmul_integer,
+        lower: lower_matmul_integer,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
+ep_core::register_lowering!(
+    QLINEAR_MATMUL = FnLowering {
+        domain: "",
+        op: "QLinearMatMul",
+        opsets: 10..=i32::MAX,
+        claim: claim_qlinear_matmul,
+        lower: lower_qlinear_matmul,
+        safety: CompileSafety::ShapeKeyed,
+    }
+);
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, DType, Values, register_spec};
+
+    fn qtype() -> BoxedStrategy<DType> {
+        dtype_of(&[DType::I8, DType::U8])
+    }
+
+    fn full_range(t: DType) -> Values {
+        match t {
+            DType::I8 => Values::Uniform { lo: -128.0, hi: 128.0 },
+            _ => Values::Uniform { lo: 0.0, hi: 256.0 },
+        }
+    }
+
+    /// (x shape, axis, block size, parameter shape) for per-tensor, per-axis and blocked forms.
+    fn layout() -> BoxedStrategy<(Vec<i64>, i64, i64, Vec<i64>)> {
+        (nonempty_shape(1..=3), 0..3u8, 0..3usize, 1..=3i64)
+            .prop_map(|(shape, form, axis, block)| {
+                let axis = axis % shape.len();
+                match form {
+                    0 => (shape, 1, 0, vec![]),
+                    1 => {
+                        let p = vec![shape[axis]];
+                        (shape, axis as i64, 0, p)
+                    }
+                    _ => {
+                        let mut p = shape.clone();
+                        p[axis] = (shape[axis] + block - 1) / block;
+                        // ORT takes a one-element parameter as per-tensor, which forbids a block size.
+                        if p.iter().product::<i64>() == 1 {
+                            return (shape, 1, 0, vec![]);
+                        }
+                        (shape, axis as i64, block, p)
+                    }
+                }
+            })
+            .boxed()
+    }
+
+    register_spec!("", "DequantizeLinear", || {
+        (qtype(), layout(), any::<bool>(), seed())
+            .prop_map(|(t, (shape, axis, block, p), zp, seed)| {
+                let opset = if block > 0 { 21 } else { 19 };
+                let mut case = Case::op("DequantizeLinear", opset)
+                    .input_with("x", t, &shape, full_range(t))
+                    .input_with("scale", DType::F32, &p, Values::Uniform { lo: 0.01, hi: 2.0 });
+                if zp {
+                    case = case.input_with("zero_point", t, &p, full_range(t));
+                }
+                if block > 0 {
+                    case = case.attr_int("block_size", block);
+                }
+                case.attr_int("axis", axis).output("y", DType::F32, &shape).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "QuantizeLinear", || {
+        (qtype(), dtype_of(&[DType::F32, DType::F16]), layout(), seed())
+            .prop_map(|(t, xt, (shape, axis, block, p), seed)| {
+                let opset = if block > 0 { 21 } else { 19 };
+                let mut case = Case::op("QuantizeLinear", opset)
+                    .input_with("x", xt, &shape, Values::Uniform { lo: -300.0, hi: 300.0 })
+                    .input_with("scale", xt, &p, Values::Uniform { lo: 0.25, hi: 2.0 })
+                    .input_with("zero_point", t, &p, full_range(t));
+                if block > 0 {
+                    case = case.attr_int("block_size", block);
+                }
+                case.attr_int("axis", axis).output("y", t, &shape).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "DynamicQuantizeLinear", || {
+        (nonempty_shape(1..=3), any::<bool>(), seed())
+            .prop_map(|(shape, positive, seed)| {
+                let values =
+                    if positive { Values::Uniform { lo: 0.0, hi: 5.0 } } else { Values::Uniform { lo: -3.0, hi: 2.0 } };
+                Case::op("DynamicQuantizeLinear", 11)
+                    .input_with("x", DType::F32, &shape, values)
+                    .output("y", DType::U8, &shape)
+                    .output("y_scale", DType::F32, &[])
+                    .output("y_zero_point", DType::U8, &[])
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "MatMulInteger", || {
+        (qtype(), qtype(), (1..=2i64, 1..=4i64, prop_oneof![1..=40i64, 250..=600i64], 1..=4i64), 0..3u8, seed())
+            .prop_map(|(ta, tb, (batch, m, k, n), zp, seed)| {
+                let a_shape = if batch > 1 { vec![batch, m, k] } else { vec![m, k] };
+                let y_shape = if batch > 1 { vec![batch, m, n] } else { vec![m, n] };
+                let mut case = Case::op("MatMulInteger", 10).input_with("a", ta, &a_shape, full_range(ta)).input_with(
+                    "b",
+                    tb,
+                    &[k, n],
+                    full_range(tb),
+                );
+                case = match zp {
+                    0 => case,
+                    1 => case.input_with("a_zp", ta, &[], full_range(ta)).input_with("b_zp", tb, &[], full_range(tb)),
+                    _ => case.absent().input_with("b_zp", tb, &[n], full_range(tb)),
+                };
+                case.output("y", DType::I32, &y_shape).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!("", "QLinearMatMul", || {
+        (qtype(), (1..=3i64, prop_oneof![1..=40i64, 250..=400i64], 1..=4i64), seed())
+            .prop_map(|(t, (m, k, n), seed)| {
+                let scale = |hi: f64| Values::Uniform { lo: hi / 4.0, hi };
+                Case::op("QLinearMatMul", 10)
+                    .input_with("a", t, &[m, k], full_range(t))
+                    .input_with("a_scale", DType::F32, &[], scale(0.05))
+                    .input_with("a_zp", t, &[], full_range(t))
+                    .input_with("b", t, &[k, n], full_range(t))
+                    .input_with("b_scale", DType::F32, &[], scale(0.05))
+                    .input_with("b_zp", t, &[], full_range(t))
+                    .input_with("y_scale", DType::F32, &[], scale(20.0))
+                    .input_with("y_zp", t, &[], full_range(t))
+                    .output("y", t, &[m, n])
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+}
