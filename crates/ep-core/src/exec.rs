@@ -247,7 +247,20 @@ impl Translation {
                 return refuse("mixes growing sizes and growing tensors");
             } else if op == "Shape" {
                 out = Some(Taint::BakedSize);
-            } else if op.starts_with("Reduce") {
+            } else if matches!(
+                op.as_str(),
+                "ReduceSum"
+                    | "ReduceMax"
+                    | "ReduceMin"
+                    | "ReduceProd"
+                    | "ReduceMean"
+                    | "ReduceL1"
+                    | "ReduceL2"
+                    | "ReduceSumSquare"
+                    | "ReduceLogSum"
+                    | "ReduceLogSumExp"
+            ) {
+                // (MLX computes a mean's element count when evaluated, not when traced.)
                 let mut axes: Vec<i64> = info.attr_ints("axes").ok().flatten().map(<[i64]>::to_vec).unwrap_or_default();
                 if let Some(Source::Constant(c)) = node.inputs.get(1).copied()
                     && let Some(bytes) = self.constants[c].1.host_bytes()

@@ -203,6 +203,9 @@ fn shapeless_replays_refuse_baked_reshapes_but_keep_baked_constants() {
     assert_eq!(grown[0].shape(), vec![12]);
     let summed = replay(|x, s| ops::sum_axes(x, &[0], true, s)).unwrap();
     assert_eq!(summed[0].to_vec::<f32>(&s).unwrap(), vec![21.0]);
+    // A mean's element count is computed when evaluated (MLX's number_of_elements).
+    let mean = replay(|x, s| ops::mean_axes(x, &[0], true, s)).unwrap();
+    assert_eq!(mean[0].to_vec::<f32>(&s).unwrap(), vec![3.5]);
     // A baked arange of the traced length is not refused: only its 4 values are added.
     let baked = replay(|x, s| ops::add(x, &ops::arange(0.0, x.shape()[0] as f64, 1.0, Dtype::F32, s)?, s)).unwrap();
     assert_ne!(baked[0].to_vec::<f32>(&s).unwrap(), vec![1.0, 3.0, 5.0, 7.0, 9.0, 11.0]);
