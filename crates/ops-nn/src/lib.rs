@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod conv;
+mod conv_integer;
 mod dropout;
 mod einsum;
 mod matmul;
