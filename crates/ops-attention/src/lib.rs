@@ -1,5 +1,5 @@
 //! Attention and KV-cache lowerings: Attention (ONNX 23/24), TensorScatter (the ONNX KV-cache
-//! update).
+//! update), `com.microsoft` MultiHeadAttention.
 //!
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`], end it with
@@ -10,6 +10,7 @@
 
 mod attention;
 mod group_query_attention;
+mod multi_head_attention;
 mod rotary;
 mod rotary_embedding;
 mod tensor_scatter;
