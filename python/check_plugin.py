@@ -153,6 +153,42 @@ def test_if_with_an_unsupported_branch_node_stays_on_cpu():
     check_if("Shrink", "CPUExecutionProvider")
 
 
+def test_int4_dequantize():
+    """int4 and uint4 weights (packed two per byte) dequantized in blocks, fed by a runtime
+    activation so the node is not folded away; the int4 tensors are unpacked by the EP."""
+    rng = np.random.default_rng(3)
+    for elem, lo, hi in [(TensorProto.INT4, -8, 8), (TensorProto.UINT4, 0, 16)]:
+        q = rng.integers(lo, hi, size=(4, 6))
+        zp = rng.integers(lo, hi, size=(4, 3))
+        scale = rng.uniform(0.1, 1.0, size=(4, 3)).astype(np.float32)
+        inits = [
+            helper.make_tensor("q", elem, [4, 6], q.flatten().tolist()),
+            helper.make_tensor("zp", elem, [4, 3], zp.flatten().tolist()),
+            numpy_helper.from_array(scale, "scale"),
+        ]
+        nodes = [
+            helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["w"], name="dq", axis=1, block_size=2),
+            helper.make_node("Add", ["w", "x"], ["y"], name="add"),
+        ]
+        m = model(
+            nodes,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 6])],
+            inits,
+            opset=21,
+        )
+        x = rng.standard_normal((4, 6)).astype(np.float32)
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        cpu = ort.InferenceSession(m, so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        s = mlx_session(m)
+        got = s.run(None, {"x": x})[0]
+        assert assigned(s)["dq"] == EP, assigned(s)
+        expected = (q - np.repeat(zp, 2, axis=1)) * np.repeat(scale, 2, axis=1) + x
+        np.testing.assert_allclose(cpu, expected, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got, cpu, rtol=1e-6, atol=1e-6)
+
+
 def kv_model():
     node = helper.make_node("TensorScatter", ["past", "update", "write_indices"], ["present"], name="kv_update")
     graph = helper.make_graph(
@@ -240,6 +276,7 @@ def main():
     check("If whose branch has an unsupported node stays on CPU and matches", test_if_with_an_unsupported_branch_node_stays_on_cpu)
     check("KV cache update (TensorScatter): plain run and past/present sharing one buffer", test_kv_cache_update)
     check("shared KV buffer: only the changed rows are copied", test_kv_cache_shared_buffer_copies_only_changed_rows)
+    check("int4/uint4 blocked DequantizeLinear on MLX", test_int4_dequantize)
     failed = sum(1 for _, e in results if e is not None)
     print(f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0

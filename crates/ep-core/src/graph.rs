@@ -86,6 +86,30 @@ impl ElemType {
             ElemType::String | ElemType::Other(_) => return None,
         })
     }
+
+    /// ONNX's uint4 (21) and int4 (22): two elements per byte, the even one in the low
+    /// nibble. The EP holds them unpacked, one per byte, as uint8 / int8.
+    pub const UINT4: ElemType = ElemType::Other(21);
+    pub const INT4: ElemType = ElemType::Other(22);
+
+    /// The MLX type a packed 4-bit type is unpacked to.
+    pub fn unpacked_4bit(self) -> Option<Dtype> {
+        match self {
+            ElemType::UINT4 => Some(Dtype::U8),
+            ElemType::INT4 => Some(Dtype::I8),
+            _ => None,
+        }
+    }
+}
+
+/// The elements of a packed 4-bit tensor of `count` elements, one per byte (int4 sign-extended).
+pub fn unpack_4bit(bytes: &[u8], count: usize, signed: bool) -> Vec<u8> {
+    (0..count)
+        .map(|i| {
+            let nibble = (bytes.get(i / 2).copied().unwrap_or(0) >> (4 * (i % 2))) & 0xf;
+            if signed && nibble >= 8 { nibble | 0xf0 } else { nibble }
+        })
+        .collect()
 }
 
 /// One value (tensor) of the graph.

@@ -66,7 +66,12 @@ fn layout(node: &NodeInfo, rank: usize) -> std::result::Result<(usize, i64), Str
 
 fn claim_dequantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 2, 3)?;
-    require_input_type(node, 0, &[ElemType::I8, ElemType::U8, ElemType::I16, ElemType::U16, ElemType::I32])?;
+    // int4/uint4 arrive unpacked (one element per byte) from the engine.
+    require_input_type(
+        node,
+        0,
+        &[ElemType::I8, ElemType::U8, ElemType::I16, ElemType::U16, ElemType::I32, ElemType::INT4, ElemType::UINT4],
+    )?;
     require_input_type(node, 1, FLOAT)?;
     if node.input(2).and_then(|v| v.elem_type) != node.input(2).and(node.input(0).and_then(|v| v.elem_type)) {
         return Err(Decline::new("the zero point's type differs from the input's"));

@@ -298,6 +298,11 @@ pub(crate) unsafe fn tensor_ref<'a>(value: *const OrtValue) -> Result<TensorRef<
 pub(crate) unsafe fn tensor_to_array(value: *const OrtValue, what: &str) -> Result<(Array, bool)> {
     // SAFETY: per the caller.
     let t = unsafe { tensor_ref(value)? };
+    if let Some(dtype) = t.elem_type.unpacked_4bit() {
+        let count = t.shape.iter().product::<i64>().max(0) as usize;
+        let bytes = crate::graph::unpack_4bit(t.bytes, count, dtype == crate::mlx::Dtype::I8);
+        return Ok((Array::from_bytes(&bytes, &t.shape, dtype)?, false));
+    }
     let dtype = t
         .elem_type
         .to_mlx()
@@ -323,6 +328,11 @@ pub(crate) fn initializer_array(v: *const OrtValueInfo, name: &str) -> Result<st
     }
     // SAFETY: ORT keeps the initializer alive during Compile, when this is called.
     let t = unsafe { tensor_ref(value)? };
+    if let Some(dtype) = t.elem_type.unpacked_4bit() {
+        let count = t.shape.iter().product::<i64>().max(0) as usize;
+        let bytes = crate::graph::unpack_4bit(t.bytes, count, dtype == crate::mlx::Dtype::I8);
+        return crate::shared::SharedConstants::global().get(&bytes, &t.shape, dtype);
+    }
     let dtype = t.elem_type.to_mlx().ok_or_else(|| {
         Error::new(format!("initializer '{name}' has element type {:?}, which MLX cannot hold", t.elem_type))
     })?;
