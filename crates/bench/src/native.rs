@@ -209,15 +209,7 @@ impl NativeDecoder {
             let ms = started.elapsed().as_secs_f64() * 1000.0;
             caches = results[1..].to_vec();
             pos += ids.len() as i32;
-            if step == 0 {
-                out.prefill_ms = ms;
-            } else {
-                out.step_ms.push(ms);
-            }
-            let next = logits.iter().enumerate().fold(0, |b, (i, v)| if *v > logits[b] { i } else { b });
-            out.tokens.push(next as i64);
-            out.logits.push(logits);
-            ids = vec![next as i32];
+            ids = vec![out.record(step, ms, logits, None) as i32];
         }
         if out.tokens.is_empty() {
             return Err(Error::new("no steps ran"));

@@ -441,6 +441,20 @@ pub struct Generation {
 }
 
 impl Generation {
+    /// Records a step (the prefill is step 0): its time, its last logits and greedy token;
+    /// returns the token to feed next (`forced[step]` under teacher forcing).
+    pub fn record(&mut self, step: usize, ms: f64, last: Vec<f32>, forced: Option<&[i64]>) -> i64 {
+        if step == 0 {
+            self.prefill_ms = ms;
+        } else {
+            self.step_ms.push(ms);
+        }
+        let next = argmax(&last);
+        self.tokens.push(next);
+        self.logits.push(last);
+        forced.and_then(|f| f.get(step).copied()).unwrap_or(next)
+    }
+
     /// Decode tokens per second (median step).
     pub fn decode_tokens_per_s(&self) -> f64 {
         let mut v = self.step_ms.clone();
@@ -518,15 +532,7 @@ pub fn generate(
         }
         drop(outputs);
         past = next_past;
-        if step == 0 {
-            out.prefill_ms = ms;
-        } else {
-            out.step_ms.push(ms);
-        }
-        let next = argmax(&last);
-        out.tokens.push(next);
-        out.logits.push(last);
-        ids = vec![forced.and_then(|f| f.get(step).copied()).unwrap_or(next)];
+        ids = vec![out.record(step, ms, last, forced)];
     }
     Ok(out)
 }
@@ -574,15 +580,7 @@ pub fn generate_shared(
         let ms = started.elapsed().as_secs_f64() * 1000.0;
         let last = last_logits(&outputs["logits"], seq)?;
         drop(outputs);
-        if step == 0 {
-            out.prefill_ms = ms;
-        } else {
-            out.step_ms.push(ms);
-        }
-        let next = argmax(&last);
-        out.tokens.push(next);
-        out.logits.push(last);
-        ids = vec![forced.and_then(|f| f.get(step).copied()).unwrap_or(next)];
+        ids = vec![out.record(step, ms, last, forced)];
     }
     Ok(out)
 }
