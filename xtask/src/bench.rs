@@ -21,7 +21,7 @@ fn parse(args: &[String]) -> Result<Options> {
         presets: vec!["tiny".into(), "small".into(), "small:shared".into()],
         prompt: 32,
         steps: 64,
-        rounds: 3,
+        rounds: 5,
         micro: true,
     };
     let mut it = args.iter();
