@@ -982,6 +982,43 @@ mod tests {
         },
     };
 
+    /// The same with positions as data: `cache[b, pos[b]] = row[b]` built from array ops
+    /// (compiles), the new rows declared with `write_rows_at`.
+    static SET_ROW_AT: TestLowering = TestLowering {
+        op: "SetRowAt",
+        safety: CompileSafety::ShapeKeyed,
+        lower: |ctx, _| {
+            let s = ctx.stream();
+            let (cache, row, pos) = (ctx.input(0)?.clone(), ctx.input(1)?.clone(), ctx.input(2)?.clone());
+            let shape = cache.shape();
+            let rows =
+                mlx::ops::reshape(&mlx::ops::arange(0.0, shape[1] as f64, 1.0, Dtype::I64, s)?, &[1, shape[1], 1], s)?;
+            let at = mlx::ops::equal(&rows, &mlx::ops::reshape(&pos, &[shape[0], 1, 1], s)?, s)?;
+            let updated = mlx::ops::where_(&at, &row, &cache, s)?;
+            ctx.write_rows_at(0, &row, &pos, 1, 0)?;
+            Ok(vec![updated])
+        },
+    };
+
+    /// A shape-keyed reduction over axis 1 (reads the traced shape to drop the axis).
+    static REDUCE_SUM: TestLowering = TestLowering {
+        op: "ReduceSum",
+        safety: CompileSafety::ShapeKeyed,
+        lower: |ctx, _| Ok(vec![mlx::ops::sum_axes(ctx.input(0)?, &[1], false, ctx.stream())?]),
+    };
+
+    /// A shape-keyed op that reads its input's length into a constant (an arange of it).
+    static ADD_POSITIONS: TestLowering = TestLowering {
+        op: "AddPositions",
+        safety: CompileSafety::ShapeKeyed,
+        lower: |ctx, _| {
+            let x = ctx.input(0)?;
+            let n = x.shape()[1] as f64;
+            let pos = mlx::ops::arange(0.0, n, 1.0, Dtype::F32, ctx.stream())?;
+            Ok(vec![mlx::ops::add(x, &pos, ctx.stream())?])
+        },
+    };
+
     /// `a + (b or 1)`: input 1 is optional.
     static ADD_OPTIONAL: TestLowering = TestLowering {
         op: "AddOptional",
@@ -1367,6 +1404,81 @@ mod tests {
         assert_eq!(&floats[3..6], &[1.0, 2.0, 3.0]);
         assert_eq!(&floats[12 + 9..24], &[4.0, 5.0, 6.0]);
         assert_eq!(run.outputs[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap(), floats);
+    }
+
+    #[test]
+    fn rows_at_data_positions_are_written_back_from_compiled_runs() {
+        let _g = mlx::lock();
+        let registry = Registry::build(&[&SET_ROW_AT]).unwrap();
+        let stats = Arc::new(SessionStats::default());
+        let mut n = node("SetRowAt", ["cache", "row"], "present");
+        n.inputs.push(value("pos"));
+        let plan = make_plan(&registry, vec![n], &["cache", "row", "pos"], &["present"], vec![], &stats, true).unwrap();
+        let cache = Array::from_slice(&[0.0f32; 2 * 4 * 3], &[2, 4, 3]).unwrap();
+        let row = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 1, 3]).unwrap();
+        for (run_no, positions) in [[1i64, 3], [0, 2]].iter().enumerate() {
+            let pos = Array::from_slice(positions, &[2]).unwrap();
+            let run = plan.run(vec![cache.clone(), row.clone(), pos]).unwrap();
+            assert_eq!(plan.mode(), Mode::ShapeKeyed, "stays compiled");
+            assert_eq!(count(&stats.traces), 1, "run {run_no}: one trace serves both");
+            assert_eq!(run.write_backs.len(), 1);
+            let wb = &run.write_backs[0];
+            assert_eq!((wb.input, wb.output.as_str()), (0, "present"));
+            // Rows of 12 bytes; batch 1 starts 48 bytes in; the source holds just the 2 new rows.
+            let (p0, p1) = (positions[0] as usize, positions[1] as usize);
+            assert_eq!(wb.chunks, vec![(0..12, p0 * 12), (12..24, 48 + p1 * 12)]);
+            let src: Vec<f32> = wb.array.to_vec(&Stream::cpu().unwrap()).unwrap();
+            assert_eq!(src, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+            let full = run.outputs[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap();
+            assert_eq!(&full[p0 * 3..p0 * 3 + 3], &[1.0, 2.0, 3.0]);
+            assert_eq!(&full[12 + p1 * 3..12 + p1 * 3 + 3], &[4.0, 5.0, 6.0]);
+        }
+    }
+
+    /// `x [1, T]` -> `op` -> `y`, with `T` growing by one per run.
+    fn growing_runs(lowering: &'static TestLowering, axes: bool) -> (Vec<Vec<f32>>, Arc<SessionStats>, Plan) {
+        let registry = Registry::build(&[lowering, &MUL]).unwrap();
+        let stats = Arc::new(SessionStats::default());
+        let mut first = node("Mul", ["x", "x"], "sq");
+        first.name = "square".into();
+        let mut n = node(lowering.op, ["sq", "sq"], "y");
+        n.inputs.truncate(1);
+        if axes {
+            n.attributes.insert("axes".into(), crate::graph::AttrValue::Ints(vec![1]));
+        }
+        let plan = make_plan(&registry, vec![first, n], &["x"], &["y"], vec![], &stats, true).unwrap();
+        let mut outs = Vec::new();
+        for t in 2..7 {
+            let x: Vec<f32> = (0..t).map(|i| i as f32).collect();
+            let run = plan.run(vec![Array::from_slice(&x, &[1, t]).unwrap()]).unwrap();
+            outs.push(run.outputs[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap());
+        }
+        (outs, stats, plan)
+    }
+
+    #[test]
+    fn a_growing_input_replays_one_decode_trace_when_every_consumer_handles_it() {
+        let _g = mlx::lock();
+        let (outs, stats, _plan) = growing_runs(&REDUCE_SUM, true);
+        let expected: Vec<Vec<f32>> = (2..7).map(|t| vec![(0..t).map(|i| (i * i) as f32).sum()]).collect();
+        assert_eq!(outs, expected);
+        // Run 1 traces the shape-keyed slot, run 2 (growth seen) the decode slot; 3..5 replay.
+        assert_eq!(count(&stats.traces), 2);
+        assert_eq!(count(&stats.decode_runs), 4);
+        assert!(!stats.summary().contains("no decode slot"), "{}", stats.summary());
+    }
+
+    #[test]
+    fn a_consumer_that_bakes_a_growing_length_refuses_the_decode_slot() {
+        let _g = mlx::lock();
+        let (outs, stats, _plan) = growing_runs(&ADD_POSITIONS, false);
+        for (k, t) in (2..7).enumerate() {
+            let expected: Vec<f32> = (0..t).map(|i| (i * i + i) as f32).collect();
+            assert_eq!(outs[k], expected, "length {t}");
+        }
+        assert_eq!(count(&stats.decode_runs), 0);
+        let summary = stats.summary();
+        assert!(summary.contains("no decode slot") && summary.contains("AddPositions"), "{summary}");
     }
 
     #[test]
