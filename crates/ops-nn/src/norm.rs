@@ -68,12 +68,29 @@ ep_core::register_lowering!(
     }
 );
 
-/// `x * scale / sqrt(mean(x^2) + eps)` over `axes` in float32, and the inverse RMS.
+/// `x * scale / sqrt(mean(x^2) + eps)` over `axes` in float32, and the inverse RMS. Over the
+/// last axis with a per-feature scale (every LLM's norm) the result is MLX's fused RMS norm,
+/// the same formula in one kernel on GPUs; the inverse RMS is built apart and computed only
+/// when it is an output.
 fn rms_normalize(x: &Array, scale: &Array, axes: &[i32], eps: f64, s: &Stream) -> Result<(Array, Array)> {
     let w = f32_of(x, s)?;
     let ms = ops::mean_axes(&ops::square(&w, s)?, axes, true, s)?;
     let inv = ops::rsqrt(&ops::add(&ms, &ops::scalar(eps, ms.dtype(), s)?, s)?, s)?;
-    let y = ops::multiply(&ops::multiply(&w, &inv, s)?, &f32_of(scale, s)?, s)?;
+    let shape = x.shape();
+    let last = shape.len() as i32 - 1;
+    // (Not on empty inputs or a size-1 last axis: MLX 0.32.2's CPU fallback then reduces over
+    // it, which crashes; see the reductions' wrappers.)
+    let fused = !shape.is_empty()
+        && x.size() > 0
+        && shape[shape.len() - 1] > 1
+        && (axes == [-1] || axes == [last])
+        && scale.ndim() == 1
+        && scale.shape()[0] == shape[shape.len() - 1];
+    let y = if fused {
+        ops::rms_norm(&w, &f32_of(scale, s)?, eps as f32, s)?
+    } else {
+        ops::multiply(&ops::multiply(&w, &inv, s)?, &f32_of(scale, s)?, s)?
+    };
     Ok((y, inv))
 }
 
@@ -139,12 +156,14 @@ ep_core::register_lowering!(
 fn lower_skip_simplified_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let x = ctx.input(0)?;
-    let mut sum = ops::add(x, ctx.input(1)?, s)?;
+    // The sum in float32, as ORT's kernel normalizes it (its sum output is rounded apart).
+    let mut sum = ops::add(&f32_of(x, s)?, &f32_of(ctx.input(1)?, s)?, s)?;
     if let Some(bias) = ctx.optional_input(3) {
-        sum = ops::add(&sum, bias, s)?;
+        sum = ops::add(&sum, &f32_of(bias, s)?, s)?;
     }
     let eps = node.attr_float("epsilon", 1e-12)? as f64;
     let (y, inv) = rms_normalize(&sum, ctx.input(2)?, &[-1], eps, s)?;
+    let sum = ops::astype(&sum, x.dtype(), s)?;
     let unused_mean = ops::multiply(&inv, &ops::scalar(0.0, Dtype::F32, s)?, s)?;
     Ok(vec![ops::astype(&y, x.dtype(), s)?, unused_mean, inv, sum])
 }
@@ -184,12 +203,14 @@ fn claim_skip_layer_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
 fn lower_skip_layer_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let x = ctx.input(0)?;
-    let mut sum = ops::add(x, ctx.input(1)?, s)?;
+    // The sum in float32, as ORT's kernel normalizes it (its sum output is rounded apart).
+    let mut sum = ops::add(&f32_of(x, s)?, &f32_of(ctx.input(1)?, s)?, s)?;
     if let Some(bias) = ctx.optional_input(4) {
-        sum = ops::add(&sum, bias, s)?;
+        sum = ops::add(&sum, &f32_of(bias, s)?, s)?;
     }
     let eps = node.attr_float("epsilon", 1e-12)? as f64;
-    let (y, mean, inv) = standardize(&f32_of(&sum, s)?, &[-1], eps, s)?;
+    let (y, mean, inv) = standardize(&sum, &[-1], eps, s)?;
+    let sum = ops::astype(&sum, x.dtype(), s)?;
     let mut y = ops::multiply(&y, &f32_of(ctx.input(2)?, s)?, s)?;
     if let Some(beta) = ctx.optional_input(3) {
         y = ops::add(&y, &f32_of(beta, s)?, s)?;
