@@ -189,6 +189,35 @@ def test_int4_dequantize():
         np.testing.assert_allclose(got, cpu, rtol=1e-6, atol=1e-6)
 
 
+def test_int4_quantize():
+    """QuantizeLinear to int4/uint4 (blocked) on MLX, its packed output read by a Cast to int8
+    that stays on ORT's CPU EP (ORT's Python API cannot return int4 arrays)."""
+    rng = np.random.default_rng(5)
+    for elem, lo, hi in [(TensorProto.INT4, -8, 8), (TensorProto.UINT4, 0, 16)]:
+        zp = rng.integers(lo, hi, size=(4, 3))
+        scale = rng.uniform(0.2, 1.0, size=(4, 3)).astype(np.float32)
+        inits = [numpy_helper.from_array(scale, "scale"), helper.make_tensor("zp", elem, [4, 3], zp.flatten().tolist())]
+        nodes = [
+            helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["q"], name="q", axis=1, block_size=2),
+            helper.make_node("Cast", ["q"], ["q8"], name="widen", to=TensorProto.INT8),
+        ]
+        m = model(
+            nodes,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+            [helper.make_tensor_value_info("q8", TensorProto.INT8, [4, 6])],
+            inits,
+            opset=21,
+        )
+        x = (rng.standard_normal((4, 6)) * 6).astype(np.float32)
+        cpu = cpu_session(m).run(None, {"x": x})[0]
+        s = mlx_session(m)
+        got = s.run(None, {"x": x})[0]
+        placement = assigned(s)
+        assert placement["q"] == EP and placement["widen"] == "CPUExecutionProvider", placement
+        np.testing.assert_array_equal(got, cpu)
+        assert len(np.unique(cpu)) > 4, cpu  # not saturated to a constant
+
+
 def kv_model():
     node = helper.make_node("TensorScatter", ["past", "update", "write_indices"], ["present"], name="kv_update")
     graph = helper.make_graph(
@@ -277,6 +306,7 @@ def main():
     check("KV cache update (TensorScatter): plain run and past/present sharing one buffer", test_kv_cache_update)
     check("shared KV buffer: only the changed rows are copied", test_kv_cache_shared_buffer_copies_only_changed_rows)
     check("int4/uint4 blocked DequantizeLinear on MLX", test_int4_dequantize)
+    check("int4/uint4 blocked QuantizeLinear on MLX, packed into ORT's output", test_int4_quantize)
     failed = sum(1 for _, e in results if e is not None)
     print(f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0

@@ -102,6 +102,20 @@ impl ElemType {
     }
 }
 
+/// Packs one 4-bit element per byte (`values`, int4 or uint4 held as int8/uint8) two per byte,
+/// the even element in the low nibble, into `out` (`ceil(n / 2)` bytes).
+pub fn pack_4bit(values: &[u8], out: &mut [u8]) -> Result<(), String> {
+    if out.len() != values.len().div_ceil(2) {
+        return Err(format!("{} 4-bit values do not fill {} bytes", values.len(), out.len()));
+    }
+    for (i, byte) in out.iter_mut().enumerate() {
+        let lo = values[2 * i] & 0xf;
+        let hi = values.get(2 * i + 1).map_or(0, |v| v & 0xf);
+        *byte = lo | (hi << 4);
+    }
+    Ok(())
+}
+
 /// The elements of a packed 4-bit tensor of `count` elements, one per byte (int4 sign-extended).
 pub fn unpack_4bit(bytes: &[u8], count: usize, signed: bool) -> Vec<u8> {
     (0..count)

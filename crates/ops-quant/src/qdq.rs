@@ -11,7 +11,6 @@ use ep_core::lowering::{FnLowering, normalize_axis, require_input_type, require_
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{CompileSafety, Decline, Error, LowerCtx, NodeInfo, Result, bail};
 
-const QUANT: &[ElemType] = &[ElemType::I8, ElemType::U8, ElemType::I16, ElemType::U16];
 const FLOAT: &[ElemType] = &[ElemType::F32, ElemType::F16, ElemType::BF16];
 
 fn f32(a: &Array, s: &Stream) -> Result<Array> {
@@ -101,6 +100,15 @@ fn lower_dequantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
     Ok(vec![ops::astype(&ops::multiply(&v, &scale, s)?, out, s)?])
 }
 
+/// The representable range of an output type (int4/uint4 held as int8/uint8).
+fn range_of(t: ElemType) -> Result<(f64, f64)> {
+    match t {
+        ElemType::INT4 => Ok((-8.0, 7.0)),
+        ElemType::UINT4 => Ok((0.0, 15.0)),
+        other => range(other.to_mlx().ok_or_else(|| Error::new(format!("{other:?} is not a quantized type")))?),
+    }
+}
+
 /// The representable range of an integer type.
 fn range(t: Dtype) -> Result<(f64, f64)> {
     Ok(match t {
@@ -112,13 +120,12 @@ fn range(t: Dtype) -> Result<(f64, f64)> {
     })
 }
 
-/// `saturate(round(x / scale) + zero_point)` as `t`, computed in float32.
-fn quantize(x: &Array, scale: &Array, zp: Option<&Array>, t: Dtype, s: &Stream) -> Result<Array> {
+/// `saturate(round(x / scale) + zero_point)` as `t` (saturating to `(lo, hi)`), in float32.
+fn quantize(x: &Array, scale: &Array, zp: Option<&Array>, t: Dtype, (lo, hi): (f64, f64), s: &Stream) -> Result<Array> {
     let mut q = ops::round(&ops::divide(x, scale, s)?, s)?;
     if let Some(zp) = zp {
         q = ops::add(&q, zp, s)?;
     }
-    let (lo, hi) = range(t)?;
     let q = ops::clip(&q, Some(&ops::scalar(lo, Dtype::F32, s)?), Some(&ops::scalar(hi, Dtype::F32, s)?), s)?;
     Ok(ops::astype(&q, t, s)?)
 }
@@ -127,9 +134,11 @@ fn claim_quantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 2, 3)?;
     require_input_type(node, 0, FLOAT)?;
     require_input_type(node, 1, FLOAT)?;
-    require_input_type(node, 2, QUANT)?;
-    if !node.output(0).and_then(|v| v.elem_type).is_some_and(|t| QUANT.contains(&t)) {
-        return Err(Decline::new("the output is not an 8- or 16-bit integer type (float8, int4 are not supported)"));
+    const OUT: &[ElemType] =
+        &[ElemType::I8, ElemType::U8, ElemType::I16, ElemType::U16, ElemType::INT4, ElemType::UINT4];
+    require_input_type(node, 2, OUT)?;
+    if !node.output(0).and_then(|v| v.elem_type).is_some_and(|t| OUT.contains(&t)) {
+        return Err(Decline::new("the output is not a 4-, 8- or 16-bit integer type (float8 is not supported)"));
     }
     layout(node, ep_core::lowering::input_rank(node, 0).unwrap_or(1))?;
     Ok(())
@@ -140,17 +149,14 @@ fn lower_quantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
     let x = ctx.input(0)?;
     let shape = x.shape();
     let (axis, block) = layout(node, shape.len()).map_err(Error::new)?;
-    let t = node
-        .output(0)
-        .and_then(|v| v.elem_type)
-        .and_then(|t| t.to_mlx())
-        .ok_or_else(|| Error::new("the output type is unknown"))?;
+    let out = node.output(0).and_then(|v| v.elem_type).ok_or_else(|| Error::new("the output type is unknown"))?;
+    let t = out.to_mlx().or_else(|| out.unpacked_4bit()).ok_or_else(|| Error::new("the output type is unknown"))?;
     let scale = broadcast_param(&f32(ctx.input(1)?, s)?, &shape, axis, block, s)?;
     let zp = match ctx.optional_input(2) {
         Some(z) => Some(broadcast_param(&f32(z, s)?, &shape, axis, block, s)?),
         None => None,
     };
-    Ok(vec![quantize(&f32(x, s)?, &scale, zp.as_ref(), t, s)?])
+    Ok(vec![quantize(&f32(x, s)?, &scale, zp.as_ref(), t, range_of(out)?, s)?])
 }
 
 fn claim_dynamic(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -182,7 +188,7 @@ fn lower_dynamic(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>>
     )?;
     // An all-zero input has scale 0: everything quantizes to the zero point 0.
     let zp = ops::where_(&ops::isnan(&zp, s)?, &zero, &zp, s)?;
-    let y = quantize(x, &scale, Some(&zp), Dtype::U8, s)?;
+    let y = quantize(x, &scale, Some(&zp), Dtype::U8, range(Dtype::U8)?, s)?;
     let y = ops::where_(&ops::equal(&scale, &zero, s)?, &ops::astype(&zp, Dtype::U8, s)?, &y, s)?;
     Ok(vec![y, scale, ops::astype(&zp, Dtype::U8, s)?])
 }
@@ -292,7 +298,7 @@ fn lower_qlinear_matmul(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<
     let one = ops::scalar(1.0, Dtype::F32, s)?;
     let zp = ops::reshape(&f32(ctx.input(7)?, s)?, &[], s)?;
     let scaled = ops::multiply(&f32(&acc, s)?, &multiplier, s)?;
-    Ok(vec![quantize(&scaled, &one, Some(&zp), t, s)?])
+    Ok(vec![quantize(&scaled, &one, Some(&zp), t, range(t)?, s)?])
 }
 
 ep_core::register_lowering!(

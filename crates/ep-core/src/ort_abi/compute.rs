@@ -119,6 +119,22 @@ fn run(plan: &Plan, ctx: *mut OrtKernelContext) -> Result<()> {
             // SAFETY: ORT allocated `size` bytes for this output.
             unsafe { std::slice::from_raw_parts_mut(data, size) }
         };
+        if out.elem_type.unpacked_4bit().is_some() {
+            // Held one element per byte: packed two per byte into ORT's buffer.
+            let dense = match array.host_bytes() {
+                Some(_) => array.clone(),
+                None => {
+                    let d = mlx::ops::contiguous(array, plan.stream())?;
+                    d.eval()?;
+                    plan.stats().evaluations.fetch_add(1, Ordering::Relaxed);
+                    d
+                }
+            };
+            let values = dense.host_bytes().ok_or_else(|| Error::new("an int4 output was not evaluated"))?;
+            crate::graph::pack_4bit(values, buf).map_err(|e| Error::new(format!("output '{}': {e}", out.name)))?;
+            plan.stats().copied_out_bytes.fetch_add(size as u64, Ordering::Relaxed);
+            continue;
+        }
         if array.host_bytes().is_none() {
             // A view (or an array MLX left unevaluated): making it contiguous is one more
             // evaluation, counted as such.

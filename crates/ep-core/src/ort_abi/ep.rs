@@ -97,7 +97,7 @@ pub fn claim_and_partition(nodes: Vec<NodeInfo>) -> Result<Claims> {
 fn decide(registry: &registry::Registry, node: &NodeInfo) -> std::result::Result<(), String> {
     for out in node.outputs.iter().flatten() {
         match out.elem_type {
-            Some(t) if t.to_mlx().is_some() => {}
+            Some(t) if t.to_mlx().is_some() || t.unpacked_4bit().is_some() => {}
             other => {
                 return Err(format!("output '{}' has type {other:?}, which MLX cannot hold", out.name));
             }
