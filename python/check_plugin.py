@@ -290,9 +290,47 @@ def kv_child():
     return 0
 
 
+def memo_child():
+    """With inputs copied (as on GPUs), an unchanged input is not copied again, and one changed
+    in place between runs is seen."""
+    ort.register_execution_provider_library("MLX", os.environ["ORT_MLX_EP_LIB"])
+    nodes = [helper.make_node("Mul", ["x", "two"], ["y"], name="double")]
+    m = model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024])],
+        [numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two")],
+    )
+    s = mlx_session(m)
+    x = np.arange(1024, dtype=np.float32)
+    value = ort.OrtValue.ortvalue_from_numpy(x)  # one buffer, reused across runs
+    for expected_offset in [0, 0, 0]:
+        got = s.run_with_ort_values(["y"], {"x": value})[0].numpy()
+        np.testing.assert_array_equal(got, 2 * (np.arange(1024, dtype=np.float32) + expected_offset))
+    # Changed in place, same buffer: must be seen.
+    value.update_inplace(x + 1)
+    got = s.run_with_ort_values(["y"], {"x": value})[0].numpy()
+    np.testing.assert_array_equal(got, 2 * (np.arange(1024, dtype=np.float32) + 1))
+    del s
+    gc.collect()
+    return 0
+
+
+def test_unchanged_inputs_are_not_copied_again():
+    env = dict(os.environ, ONNXRUNTIME_EP_MLX_VERBOSE="1", ONNXRUNTIME_EP_MLX_ZERO_COPY="0")
+    child = subprocess.run([sys.executable, __file__, "--memo-child"], env=env, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stdout + child.stderr
+    found = re.search(r"unchanged, not copied again: (\d+) bytes", child.stderr)
+    assert found, child.stderr
+    # Runs 2 and 3 reuse the first copy; the run after the in-place change copies again.
+    assert int(found.group(1)) == 2 * 1024 * 4, found.group(0)
+
+
 def main():
     if sys.argv[1:] == ["--kv-child"]:
         return kv_child()
+    if sys.argv[1:] == ["--memo-child"]:
+        return memo_child()
     lib = os.environ.get("ORT_MLX_EP_LIB")
     if not lib or not os.path.exists(lib):
         print(f"ORT_MLX_EP_LIB must point at the built plugin (got {lib!r})")
@@ -307,6 +345,7 @@ def main():
     check("shared KV buffer: only the changed rows are copied", test_kv_cache_shared_buffer_copies_only_changed_rows)
     check("int4/uint4 blocked DequantizeLinear on MLX", test_int4_dequantize)
     check("int4/uint4 blocked QuantizeLinear on MLX, packed into ORT's output", test_int4_quantize)
+    check("copied inputs: unchanged ones reused, ones changed in place seen", test_unchanged_inputs_are_not_copied_again)
     failed = sum(1 for _, e in results if e is not None)
     print(f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0

@@ -158,7 +158,8 @@ pub fn bench(args: &[String]) -> Result {
                 "out": counter(&summary, " (inputs read in place")? / runs,
                 "kv_rows_written_in_place": counter(&summary, " bytes of changed rows written")? / runs,
             },
-            "input_bytes_read_in_place_per_run": counter(&summary, " bytes)\n")? / runs,
+            "input_bytes_read_in_place_per_run": counter(&summary, " bytes; unchanged")? / runs,
+            "input_bytes_reused_per_run": counter(&summary, " bytes)\n")? / runs,
             "agreement": agreement,
             "rounds": o.rounds,
         });

@@ -55,6 +55,8 @@ pub struct SessionStats {
     pub copied_in_bytes: AtomicU64,
     /// Input bytes read in place (CPU device, no copy).
     pub borrowed_in_bytes: AtomicU64,
+    /// Input bytes unchanged since the previous run, whose earlier copy was reused.
+    pub reused_in_bytes: AtomicU64,
     pub copied_out_bytes: AtomicU64,
     /// Runs through the decode slot (one shapeless closure across growing KV lengths).
     pub decode_runs: AtomicU64,
@@ -173,11 +175,12 @@ impl SessionStats {
         );
         let _ = writeln!(
             s,
-            "  evaluations: {}; bytes copied in: {}, out: {} (inputs read in place: {} bytes)",
+            "  evaluations: {}; bytes copied in: {}, out: {} (inputs read in place: {} bytes; unchanged, not copied again: {} bytes)",
             Self::count(&self.evaluations),
             Self::count(&self.copied_in_bytes),
             Self::count(&self.copied_out_bytes),
-            Self::count(&self.borrowed_in_bytes)
+            Self::count(&self.borrowed_in_bytes),
+            Self::count(&self.reused_in_bytes)
         );
         let _ = writeln!(
             s,

@@ -287,6 +287,17 @@ pub(crate) unsafe fn tensor_ref<'a>(value: *const OrtValue) -> Result<TensorRef<
     Ok(TensorRef { elem_type: ElemType::from_onnx(elem as i32), shape, bytes })
 }
 
+/// Whether a tensor is read in place rather than copied: on the CPU device, a non-empty
+/// buffer aligned to 64 bytes (ORT's allocations) of a type MLX holds as is, unless
+/// `ONNXRUNTIME_EP_MLX_ZERO_COPY=0`.
+pub(crate) fn reads_in_place(t: &TensorRef<'_>) -> bool {
+    static ZERO_COPY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let zero_copy = *ZERO_COPY.get_or_init(|| {
+        !crate::mlx::default_device_is_gpu() && std::env::var("ONNXRUNTIME_EP_MLX_ZERO_COPY").map_or(true, |v| v != "0")
+    });
+    zero_copy && t.elem_type.to_mlx().is_some() && !t.bytes.is_empty() && (t.bytes.as_ptr() as usize).is_multiple_of(64)
+}
+
 /// A tensor value as an MLX array, and whether it was borrowed (no copy). On the CPU device,
 /// buffers aligned to 64 bytes (ORT's allocations) are borrowed unless
 /// `ONNXRUNTIME_EP_MLX_ZERO_COPY=0`; everything else is copied.
@@ -307,11 +318,7 @@ pub(crate) unsafe fn tensor_to_array(value: *const OrtValue, what: &str) -> Resu
         .elem_type
         .to_mlx()
         .ok_or_else(|| Error::new(format!("{what} has element type {:?}, which MLX cannot hold", t.elem_type)))?;
-    static ZERO_COPY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let zero_copy = *ZERO_COPY.get_or_init(|| {
-        !crate::mlx::default_device_is_gpu() && std::env::var("ONNXRUNTIME_EP_MLX_ZERO_COPY").map_or(true, |v| v != "0")
-    });
-    if zero_copy && !t.bytes.is_empty() && (t.bytes.as_ptr() as usize).is_multiple_of(64) {
+    if reads_in_place(&t) {
         // SAFETY: per the caller.
         return Ok((unsafe { Array::borrowed(t.bytes, &t.shape, dtype)? }, true));
     }
