@@ -68,10 +68,11 @@ ep_core::register_lowering!(
     }
 );
 
-/// `x * scale / sqrt(mean(x^2) + eps)` over `axes` in float32, and the inverse RMS. Over the
-/// last axis with a per-feature scale (every LLM's norm) the result is MLX's fused RMS norm,
-/// the same formula in one kernel on GPUs; the inverse RMS is built apart and computed only
-/// when it is an output.
+/// `x * scale / sqrt(mean(x^2) + eps)` over `axes` in float32, and the inverse RMS. On GPUs,
+/// over the last axis with a per-feature scale (every LLM's norm), the result is MLX's fused
+/// RMS norm, the same formula in one kernel (on the CPU MLX only falls back to these same
+/// operations, measured slower inside compiled graphs); the inverse RMS is built apart and
+/// computed only when it is an output.
 fn rms_normalize(x: &Array, scale: &Array, axes: &[i32], eps: f64, s: &Stream) -> Result<(Array, Array)> {
     let w = f32_of(x, s)?;
     let ms = ops::mean_axes(&ops::square(&w, s)?, axes, true, s)?;
@@ -80,7 +81,8 @@ fn rms_normalize(x: &Array, scale: &Array, axes: &[i32], eps: f64, s: &Stream) -
     let last = shape.len() as i32 - 1;
     // (Not on empty inputs or a size-1 last axis: MLX 0.32.2's CPU fallback then reduces over
     // it, which crashes; see the reductions' wrappers.)
-    let fused = !shape.is_empty()
+    let fused = ep_core::mlx::default_device_is_gpu()
+        && !shape.is_empty()
         && x.size() > 0
         && shape[shape.len() - 1] > 1
         && (axes == [-1] || axes == [last])
