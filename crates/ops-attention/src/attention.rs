@@ -4,8 +4,9 @@
 //! and the optional scaled-QK output (mode 0; other modes are left to the CPU EP). Rows whose keys are all masked give 0, as the
 //! ONNX reference does. Scores are computed in float32 for half types.
 
+use crate::heads;
 use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs};
-use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::mlx::{Array, Dtype, ops};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
 
 fn claim_attention(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -34,23 +35,6 @@ fn claim_attention(node: &NodeInfo) -> std::result::Result<(), Decline> {
     Ok(())
 }
 
-/// `[B, S, heads * H]` to `[B, heads, S, H]`.
-fn split_heads(x: &Array, heads: i64, s: &Stream) -> Result<Array> {
-    let sh = x.shape();
-    let t = ops::reshape(x, &[sh[0], sh[1], heads, sh[2] / heads], s)?;
-    Ok(ops::transpose_axes(&t, &[0, 2, 1, 3], s)?)
-}
-
-/// `[B, kv_heads, S, H]` with each head repeated `reps` times in place (NumPy `repeat`).
-fn repeat_heads(x: &Array, reps: i64, s: &Stream) -> Result<Array> {
-    if reps == 1 {
-        return Ok(x.clone());
-    }
-    let sh = x.shape();
-    let t = ops::broadcast_to(&ops::expand_dims(x, 2, s)?, &[sh[0], sh[1], reps, sh[2], sh[3]], s)?;
-    Ok(ops::reshape(&t, &[sh[0], sh[1] * reps, sh[2], sh[3]], s)?)
-}
-
 fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let q_in = ctx.input(0)?;
@@ -63,9 +47,9 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
         if qh <= 0 || kvh <= 0 {
             bail!("q_num_heads and kv_num_heads must be positive");
         }
-        q = split_heads(&q, qh, s)?;
-        k = split_heads(&k, kvh, s)?;
-        v = split_heads(&v, kvh, s)?;
+        q = heads::split(&q, qh, s)?;
+        k = heads::split(&k, kvh, s)?;
+        v = heads::split(&v, kvh, s)?;
     }
     let past_len = ctx.optional_input(4).map(|p| p.shape()[2]).unwrap_or(0);
     if let (Some(pk), Some(pv)) = (ctx.optional_input(4), ctx.optional_input(5)) {
@@ -84,7 +68,7 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
         _ => 1.0 / (head as f64).sqrt(),
     };
     let reps = q_heads / kv_heads;
-    let (kr, vr) = (repeat_heads(&k, reps, s)?, repeat_heads(&v, reps, s)?);
+    let (kr, vr) = (heads::repeat(&k, reps, s)?, heads::repeat(&v, reps, s)?);
     let kt = ops::transpose_axes(&kr, &[0, 1, 3, 2], s)?;
     let scores = ops::multiply(&ops::matmul(&q, &kt, s)?, &ops::scalar(scale, Dtype::F32, s)?, s)?;
     // The additive bias: the mask (boolean: -inf where false; padded with masked keys up to
@@ -157,8 +141,7 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
     }
     let mut y = ops::matmul(&probs, &vr, s)?;
     if three_d {
-        let ys = y.shape();
-        y = ops::reshape(&ops::transpose_axes(&y, &[0, 2, 1, 3], s)?, &[ys[0], ys[2], ys[1] * ys[3]], s)?;
+        y = heads::merge(&y, s)?;
     }
     let cast = |a: &Array| -> Result<Array> { Ok(ops::astype(a, dtype, s)?) };
     let mut outs = vec![cast(&y)?, cast(&present_k)?, cast(&present_v)?];

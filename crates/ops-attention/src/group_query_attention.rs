@@ -18,7 +18,7 @@
 //! `total_sequence_length` (the present length) is read on the host, which in genai's graphs
 //! is a shape and so costs nothing.
 
-use crate::rotary;
+use crate::{heads, rotary};
 use ep_core::lowering::{FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{CompileSafety, Decline, ElemType, Error, LowerCtx, NodeInfo, Result, bail};
@@ -88,12 +88,6 @@ struct Geometry {
     head: i64,
 }
 
-/// `[B, S, heads * H]` to `[B, heads, S, H]`.
-fn to_heads(x: &Array, g: &Geometry, heads: i64, s: &Stream) -> Result<Array> {
-    let t = ops::reshape(x, &[g.batch, g.seq, heads, g.head], s)?;
-    Ok(ops::transpose_axes(&t, &[0, 2, 1, 3], s)?)
-}
-
 /// `[1, .., n, ..]` integers `0..n` along `axis` of a rank-4 shape.
 fn iota(n: i64, axis: usize, s: &Stream) -> Result<Array> {
     let mut shape = [1i64; 4];
@@ -159,8 +153,8 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     } else {
         (query.clone(), ctx.input(1)?.clone(), ctx.input(2)?.clone())
     };
-    let (mut q, mut k) = (to_heads(&q, &g, heads, s)?, to_heads(&k, &g, kv_heads, s)?);
-    let v = to_heads(&v, &g, kv_heads, s)?;
+    let (mut q, mut k) = (heads::split(&q, heads, s)?, heads::split(&k, kv_heads, s)?);
+    let v = heads::split(&v, kv_heads, s)?;
 
     let past_k = ctx.optional_input(3).cloned();
     let past_v = ctx.optional_input(4).cloned();
@@ -262,12 +256,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         ops::scaled_dot_product_attention(&qf, &kf, &vf, scale, Some(&mask), false, s)?
     } else {
         let reps = heads / kv_heads;
-        let repeat = |x: &Array| -> Result<Array> {
-            let sh = x.shape();
-            let t = ops::broadcast_to(&ops::expand_dims(x, 2, s)?, &[sh[0], sh[1], reps, sh[2], sh[3]], s)?;
-            Ok(ops::reshape(&t, &[sh[0], sh[1] * reps, sh[2], sh[3]], s)?)
-        };
-        let (kr, vr) = (repeat(&kf)?, repeat(&vf)?);
+        let (kr, vr) = (heads::repeat(&kf, reps, s)?, heads::repeat(&vf, reps, s)?);
         let mut scores = ops::scale(&ops::matmul(&qf, &ops::transpose_axes(&kr, &[0, 1, 3, 2], s)?, s)?, scale, s)?;
         if softcap > 0.0 {
             let c = ops::scalar(softcap as f64, Dtype::F32, s)?;
@@ -296,8 +285,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         Some(d) => ops::where_(&d, &ops::scalar(0.0, Dtype::F32, s)?, &y, s)?,
         None => y,
     };
-    let y = ops::reshape(&ops::transpose_axes(&y, &[0, 2, 1, 3], s)?, &[g.batch, g.seq, heads * g.head], s)?;
-    Ok(vec![ops::astype(&y, dtype, s)?, present_k, present_v])
+    Ok(vec![ops::astype(&heads::merge(&y, s)?, dtype, s)?, present_k, present_v])
 }
 
 /// The decode slot's form for a growing cache (see [`LowerCtx::shapeless`]): present is past
@@ -337,9 +325,7 @@ fn decode_step(
     let f32 = |a: &Array| -> Result<Array> { Ok(ops::astype(a, Dtype::F32, s)?) };
     let y =
         ops::scaled_dot_product_attention(&f32(q)?, &f32(&present_k)?, &f32(&present_v)?, scale, None, g.seq > 1, s)?;
-    let heads = q.shape()[1];
-    let y = ops::reshape(&ops::transpose_axes(&y, &[0, 2, 1, 3], s)?, &[g.batch, g.seq, heads * g.head], s)?;
-    Ok(vec![ops::astype(&y, dtype, s)?, present_k, present_v])
+    Ok(vec![ops::astype(&heads::merge(&y, s)?, dtype, s)?, present_k, present_v])
 }
 
 ep_core::register_lowering!(

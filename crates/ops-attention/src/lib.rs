@@ -10,6 +10,7 @@
 
 mod attention;
 mod group_query_attention;
+mod heads;
 mod multi_head_attention;
 mod rotary;
 mod rotary_embedding;

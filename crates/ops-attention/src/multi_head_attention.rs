@@ -25,6 +25,7 @@
 //! mismatched key set; its results even differ from session to session), and any type but
 //! float32 and float16.
 
+use crate::heads;
 use ep_core::lowering::{FnLowering, input_rank, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
@@ -94,16 +95,6 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     Ok(())
 }
 
-/// `[B, S, heads * H]` to `[B, heads, S, H]`.
-fn split_heads(x: &Array, heads: i64, s: &Stream) -> Result<Array> {
-    let sh = x.shape();
-    if sh[2] % heads != 0 {
-        bail!("hidden size {} is not a multiple of num_heads={heads}", sh[2]);
-    }
-    let t = ops::reshape(x, &[sh[0], sh[1], heads, sh[2] / heads], s)?;
-    Ok(ops::transpose_axes(&t, &[0, 2, 1, 3], s)?)
-}
-
 /// The key padding mask as a keep flag broadcastable to the scores `[B, N, S, T]`.
 fn keep_keys(mask: &Array, batch: i64, q_len: i64, total: i64, s: &Stream) -> Result<Array> {
     let ms = mask.shape();
@@ -154,8 +145,8 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         k = ops::add(&k, &parts[1], s)?;
         v = ops::add(&v, &parts[2], s)?;
     }
-    let q = split_heads(&q, heads, s)?;
-    let (mut k, mut v) = (split_heads(&k, heads, s)?, split_heads(&v, heads, s)?);
+    let q = heads::split(&q, heads, s)?;
+    let (mut k, mut v) = (heads::split(&k, heads, s)?, heads::split(&v, heads, s)?);
     let (head, v_head) = (hidden / heads, v_hidden / heads);
     let mut past_len = 0;
     if let (Some(pk), Some(pv)) = (ctx.optional_input(6), ctx.optional_input(7)) {
@@ -206,7 +197,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         }
         ops::matmul(&ops::softmax(&scores, -1, s)?, &v, s)?
     };
-    let y = ops::reshape(&ops::transpose_axes(&y, &[0, 2, 1, 3], s)?, &[batch, q_len, heads * v_head], s)?;
+    let y = heads::merge(&y, s)?;
     let cast = |a: &Array| -> Result<Array> { Ok(ops::astype(a, dtype, s)?) };
     let mut outs = vec![cast(&y)?, cast(&k)?, cast(&v)?];
     outs.truncate(node.outputs.len().clamp(1, 3));

@@ -5,7 +5,7 @@
 //! [`crate::rotary`]). Positions: `com.microsoft` takes `[B, S]` ids or one offset (`pos =
 //! offset + s`); ONNX 23 takes `[B, S]` ids, or without them reads the caches as `[B, S, dim/2]`.
 
-use crate::rotary;
+use crate::{heads, rotary};
 use ep_core::lowering::{FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
@@ -50,18 +50,14 @@ fn apply(node: &NodeInfo, x: &Array, cos: &Array, sin: &Array, s: &Stream) -> Re
             _ if shape[2] == 2 * half => 1,
             _ => bail!("num_heads is needed when the rotary dimension is not the whole hidden size"),
         };
-        if shape[2] % heads != 0 {
-            bail!("hidden size {} is not a multiple of num_heads {heads}", shape[2]);
-        }
-        let t = ops::reshape(x, &[shape[0], shape[1], heads, shape[2] / heads], s)?;
-        ops::astype(&ops::transpose_axes(&t, &[0, 2, 1, 3], s)?, Dtype::F32, s)?
+        ops::astype(&heads::split(x, heads, s)?, Dtype::F32, s)?
     };
     let head = heads_4d.shape()[3];
     if 2 * half > head {
         bail!("the caches rotate {} features; heads have {head}", 2 * half);
     }
     let y = rotary::rotate(&heads_4d, cos, sin, interleaved, s)?;
-    let y = if shape.len() == 4 { y } else { ops::reshape(&ops::transpose_axes(&y, &[0, 2, 1, 3], s)?, &shape, s)? };
+    let y = if shape.len() == 4 { y } else { heads::merge(&y, s)? };
     Ok(ops::astype(&y, dtype, s)?)
 }
 
