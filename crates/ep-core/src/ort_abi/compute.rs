@@ -135,9 +135,8 @@ fn run(plan: &Plan, memo: &std::sync::Mutex<Vec<InputMemo>>, ctx: *mut OrtKernel
         }
         // SAFETY: ORT keeps input values alive during Compute.
         let t = unsafe { tensor_ref(value)? };
-        if !reads_in_place(&t)
-            && let Some(array) = memo[i].lookup(&t)
-        {
+        let in_place = reads_in_place(&t);
+        if !in_place && let Some(array) = memo[i].lookup(&t) {
             plan.stats().reused_in_bytes.fetch_add(t.bytes.len() as u64, Ordering::Relaxed);
             inputs.push(array);
             values.push(value);
@@ -145,11 +144,11 @@ fn run(plan: &Plan, memo: &std::sync::Mutex<Vec<InputMemo>>, ctx: *mut OrtKernel
         }
         // SAFETY: as above; a borrowed array is held (below) until the outputs are copied and
         // dropped before this call returns.
-        let (array, borrowed) = unsafe { tensor_to_array(value, &format!("input '{name}'"))? };
+        let array = unsafe { tensor_to_array(&t, in_place) }.map_err(|e| Error::new(format!("input '{name}': {e}")))?;
         let bytes = (array.size() * array.dtype().size_in_bytes()) as u64;
-        let counter = if borrowed { &plan.stats().borrowed_in_bytes } else { &plan.stats().copied_in_bytes };
+        let counter = if in_place { &plan.stats().borrowed_in_bytes } else { &plan.stats().copied_in_bytes };
         counter.fetch_add(bytes, Ordering::Relaxed);
-        if !borrowed {
+        if !in_place {
             memo[i].store(&t, &array);
         }
         inputs.push(array);

@@ -298,31 +298,37 @@ pub(crate) fn reads_in_place(t: &TensorRef<'_>) -> bool {
     zero_copy && t.elem_type.to_mlx().is_some() && !t.bytes.is_empty() && (t.bytes.as_ptr() as usize).is_multiple_of(64)
 }
 
-/// A tensor value as an MLX array, and whether it was borrowed (no copy). On the CPU device,
-/// buffers aligned to 64 bytes (ORT's allocations) are borrowed unless
-/// `ONNXRUNTIME_EP_MLX_ZERO_COPY=0`; everything else is copied.
+/// A tensor as an MLX array: borrowed when `in_place` (decided by [`reads_in_place`]), else
+/// copied. int4/uint4 tensors are unpacked, one element per byte.
 ///
 /// # Safety
-/// `value` must be a valid tensor `OrtValue`. A borrowed array must be used only during the
-/// current compute call, with another reference held until its results are evaluated and
-/// copied out (see [`Array::borrowed`]).
-pub(crate) unsafe fn tensor_to_array(value: *const OrtValue, what: &str) -> Result<(Array, bool)> {
-    // SAFETY: per the caller.
-    let t = unsafe { tensor_ref(value)? };
-    if let Some(dtype) = t.elem_type.unpacked_4bit() {
-        let count = t.shape.iter().product::<i64>().max(0) as usize;
-        let bytes = crate::graph::unpack_4bit(t.bytes, count, dtype == crate::mlx::Dtype::I8);
-        return Ok((Array::from_bytes(&bytes, &t.shape, dtype)?, false));
-    }
-    let dtype = t
-        .elem_type
-        .to_mlx()
-        .ok_or_else(|| Error::new(format!("{what} has element type {:?}, which MLX cannot hold", t.elem_type)))?;
-    if reads_in_place(&t) {
+/// A borrowed array must be used only while `t`'s buffer lives (the current compute call),
+/// with another reference held until its results are evaluated and copied out (see
+/// [`Array::borrowed`]).
+pub(crate) unsafe fn tensor_to_array(t: &TensorRef<'_>, in_place: bool) -> Result<Array> {
+    let (bytes, dtype) = t.held()?;
+    if in_place {
         // SAFETY: per the caller.
-        return Ok((unsafe { Array::borrowed(t.bytes, &t.shape, dtype)? }, true));
+        return Ok(unsafe { Array::borrowed(t.bytes, &t.shape, dtype)? });
     }
-    Ok((Array::from_bytes(t.bytes, &t.shape, dtype)?, false))
+    Ok(Array::from_bytes(&bytes, &t.shape, dtype)?)
+}
+
+impl TensorRef<'_> {
+    /// The bytes and MLX type the EP holds this tensor as: as it is, or for int4/uint4
+    /// unpacked to one element per byte.
+    fn held(&self) -> Result<(std::borrow::Cow<'_, [u8]>, crate::mlx::Dtype)> {
+        if let Some(dtype) = self.elem_type.unpacked_4bit() {
+            let count = self.shape.iter().product::<i64>().max(0) as usize;
+            let bytes = crate::graph::unpack_4bit(self.bytes, count, dtype == crate::mlx::Dtype::I8);
+            return Ok((bytes.into(), dtype));
+        }
+        let dtype = self
+            .elem_type
+            .to_mlx()
+            .ok_or_else(|| Error::new(format!("element type {:?}, which MLX cannot hold", self.elem_type)))?;
+        Ok((self.bytes.into(), dtype))
+    }
 }
 
 /// The data of a constant initializer as an MLX array, shared with every other live plan of
@@ -335,13 +341,6 @@ pub(crate) fn initializer_array(v: *const OrtValueInfo, name: &str) -> Result<st
     }
     // SAFETY: ORT keeps the initializer alive during Compile, when this is called.
     let t = unsafe { tensor_ref(value)? };
-    if let Some(dtype) = t.elem_type.unpacked_4bit() {
-        let count = t.shape.iter().product::<i64>().max(0) as usize;
-        let bytes = crate::graph::unpack_4bit(t.bytes, count, dtype == crate::mlx::Dtype::I8);
-        return crate::shared::SharedConstants::global().get(&bytes, &t.shape, dtype);
-    }
-    let dtype = t.elem_type.to_mlx().ok_or_else(|| {
-        Error::new(format!("initializer '{name}' has element type {:?}, which MLX cannot hold", t.elem_type))
-    })?;
-    crate::shared::SharedConstants::global().get(t.bytes, &t.shape, dtype)
+    let (bytes, dtype) = t.held().map_err(|e| Error::new(format!("initializer '{name}': {e}")))?;
+    crate::shared::SharedConstants::global().get(&bytes, &t.shape, dtype)
 }
