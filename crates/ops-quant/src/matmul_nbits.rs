@@ -109,14 +109,11 @@ fn zero_points(p: &Params, zp: Option<&Array>, s: &Stream) -> Result<Vec<f32>> {
     if bytes.len() != n * per_row {
         bail!("packed zero_points has {} bytes; expected {}", bytes.len(), n * per_row);
     }
+    // Each row is packed (and padded) on its own.
     let mut out = Vec::with_capacity(n * kb);
     for row in bytes.chunks_exact(per_row) {
-        for j in 0..kb {
-            out.push(match p.bits {
-                8 => row[j] as f32,
-                _ => ((row[j / 2] >> (4 * (j % 2))) & 0xf) as f32,
-            });
-        }
+        let values = if p.bits == 8 { row[..kb].to_vec() } else { ep_core::graph::unpack_4bit(row, kb, false) };
+        out.extend(values.into_iter().map(f32::from));
     }
     Ok(out)
 }
@@ -147,15 +144,16 @@ fn dequantize(p: &Params, args: &[&Array], dtype: Dtype, s: &Stream) -> Result<V
     let scales = ops::astype(args[1], Dtype::F32, s)?.to_vec::<f32>(s)?;
     let zp = zero_points(p, args.get(2).copied(), s)?;
     let (kb, kp) = (p.k_blocks() as usize, (p.k_blocks() * p.block) as usize);
-    let mut w = Vec::with_capacity(p.n as usize * kp);
-    for (i, byte_i) in (0..p.n as usize * kp).map(|i| (i, i * p.bits as usize / 8)) {
-        let q = match p.bits {
-            8 => bytes[byte_i],
-            _ => (bytes[byte_i] >> (4 * (i % 2))) & 0xf,
-        } as f32;
-        let g = (i / kp) * kb + (i % kp) / p.block as usize;
-        w.push((q - zp[g]) * scales[g]);
-    }
+    let count = p.n as usize * kp;
+    let q = if p.bits == 8 { bytes[..count].to_vec() } else { ep_core::graph::unpack_4bit(bytes, count, false) };
+    let w: Vec<f32> = q
+        .iter()
+        .enumerate()
+        .map(|(i, &q)| {
+            let g = (i / kp) * kb + (i % kp) / p.block as usize;
+            (f32::from(q) - zp[g]) * scales[g]
+        })
+        .collect();
     Ok(vec![ops::astype(&Array::from_slice(&w, &[p.n, kp as i64])?, dtype, s)?])
 }
 
