@@ -482,22 +482,22 @@ struct TraceMeta {
 #[derive(Clone)]
 struct Traced {
     closure: Arc<Closure>,
-    meta: Arc<Mutex<Option<TraceMeta>>>,
+    meta: Arc<Mutex<Option<Arc<TraceMeta>>>>,
 }
 
 impl Traced {
     /// Traces `translation` into a closure compiled shapeless or per shape.
     fn compile(translation: &Arc<Translation>, stats: &Arc<SessionStats>, shapeless: bool) -> Result<Traced> {
-        let meta: Arc<Mutex<Option<TraceMeta>>> = Arc::default();
+        let meta: Arc<Mutex<Option<Arc<TraceMeta>>>> = Arc::default();
         let (t, st, m) = (Arc::clone(translation), Arc::clone(stats), Arc::clone(&meta));
         let traced = Closure::new(move |args: &[Array]| {
             st.traces.fetch_add(1, Ordering::Relaxed);
             let stream = Stream::default_device()?;
             let built = t.build(args.to_vec(), &stream, true, shapeless).map_err(|e| MlxError(e.0))?;
-            *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(TraceMeta {
+            *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(TraceMeta {
                 rows_at: built.rows_at.iter().map(|p| (p.input, p.axis, p.output.clone())).collect(),
                 guard: built.guard.is_some(),
-            });
+            }));
             let mut outputs = built.outputs;
             for p in built.rows_at {
                 outputs.push(p.rows);
@@ -790,6 +790,7 @@ impl Plan {
         }
         self.evaluate(&outputs)?;
         let meta = traced.meta.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
+        let meta = meta.as_ref();
         let n = self.translation.outputs.len();
         if outputs.len() != n + 2 * meta.rows_at.len() + meta.guard as usize {
             return Err(Error::new(format!("a compiled closure returned {} arrays for {n} outputs", outputs.len())));
@@ -802,10 +803,10 @@ impl Plan {
         }
         let mut extra = outputs.split_off(n).into_iter();
         let mut write_backs = Vec::with_capacity(meta.rows_at.len());
-        for (input, axis, output) in meta.rows_at {
+        for &(input, axis, ref output) in &meta.rows_at {
             let (rows, starts) = (extra.next().expect("counted above"), extra.next().expect("counted above"));
             let shape = inputs.get(input).map(Array::shape).unwrap_or_default();
-            write_backs.push(PendingRows { input, rows, starts, axis, output }.resolve(&shape)?);
+            write_backs.push(PendingRows { input, rows, starts, axis, output: output.clone() }.resolve(&shape)?);
         }
         Ok(Some(RunOutputs { outputs, write_backs }))
     }
