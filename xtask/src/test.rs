@@ -1,7 +1,8 @@
 //! `cargo xtask test`: everything CI runs, in order: setup, a trimmed plugin build, the
 //! workspace build, `cargo test --workspace`, the property suite at a bounded case count, the
 //! ONNX node tests and model suites (no test on the committed
-//! passing list may fail), then the Python check against the wheel's ORT.
+//! passing list may fail), then the Python checks against the wheel's ORT (the plugin, the
+//! installed wheel, bad input).
 
 use crate::setup;
 use crate::util::{self, Result, step};
@@ -39,6 +40,12 @@ pub fn run(args: &[String]) -> Result {
     util::run(
         Command::new(util::venv_python())
             .arg(util::root().join("python/check_plugin.py"))
+            .env("ORT_MLX_EP_LIB", util::plugin_path("debug")),
+    )?;
+    step("Bad input: out-of-range indices fail the run with an error, each case in a child process");
+    util::run(
+        Command::new(util::venv_python())
+            .arg(util::root().join("python/check_bad_input.py"))
             .env("ORT_MLX_EP_LIB", util::plugin_path("debug")),
     )?;
     Ok(())

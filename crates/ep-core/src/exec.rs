@@ -16,7 +16,7 @@
 
 use crate::graph::{ElemType, NodeInfo};
 use crate::lowering::{
-    CompileSafety, DerivedConstants, LowerCtx, Lowering, PlanCaches, RowWriteBack, RowsAt, SubgraphConstants,
+    Check, CompileSafety, DerivedConstants, LowerCtx, Lowering, PlanCaches, RowWriteBack, RowsAt, SubgraphConstants,
 };
 use crate::mlx::{self, Array, Closure, Dtype, MlxError, Stream, VectorArray};
 use crate::registry::Registry;
@@ -83,6 +83,7 @@ impl Translation {
         let mut write_backs = Vec::new();
         let mut rows_at = Vec::new();
         let mut guards: Vec<Array> = Vec::new();
+        let mut checks: Vec<Check> = Vec::new();
         let mut values: Vec<Option<Array>> = vec![None; self.num_values];
         let resolve = |values: &[Option<Array>], src: Source| -> Option<Array> {
             match src {
@@ -118,6 +119,9 @@ impl Translation {
             let results =
                 node.lowering.lower(&mut ctx, info).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
             guards.extend(ctx.take_guards());
+            for c in ctx.take_checks() {
+                checks.push(Check { reason: Error::new(c.reason).at_node(&info.name, &info.qualified_op()).0, ..c });
+            }
             for request in ctx.take_rows_at() {
                 if let Some(pending) = self.rows_at(node, request) {
                     rows_at.push(pending);
@@ -176,7 +180,19 @@ impl Translation {
                 None => all,
             });
         }
-        Ok(Built { outputs: results, write_backs, rows_at, guard })
+        // The guard and the data checks travel as one boolean vector: one small read after
+        // the evaluation tells both.
+        let mut flags = Vec::with_capacity(guard.is_some() as usize + checks.len());
+        flags.extend(guard.as_ref().map(|g| mlx::ops::reshape(g, &[1], stream)).transpose()?);
+        let mut reasons = Vec::with_capacity(checks.len());
+        for c in checks {
+            let axes: Vec<i32> = (0..c.cond.ndim() as i32).collect();
+            let all = mlx::ops::all_axes(&mlx::ops::astype(&c.cond, Dtype::Bool, stream)?, &axes, false, stream)?;
+            flags.push(mlx::ops::reshape(&all, &[1], stream)?);
+            reasons.push(c.reason);
+        }
+        let flags = if flags.is_empty() { None } else { Some(mlx::ops::concatenate(&flags, 0, stream)?) };
+        Ok(Built { outputs: results, write_backs, rows_at, flags, meta: Flags { guard: guard.is_some(), reasons } })
     }
 
     /// Whether the decode slot may replay one shapeless trace of this partition while the
@@ -346,13 +362,62 @@ impl Translation {
     }
 }
 
-/// A built graph: the partition's outputs, in-place input updates, and the conjunction of
-/// the lowerings' guards (see [`LowerCtx::guard`]).
+/// A built graph: the partition's outputs, in-place input updates, and the flags: the
+/// conjunction of the lowerings' guards (see [`LowerCtx::guard`]) and each data check (see
+/// [`LowerCtx::check`]), as one boolean vector.
 struct Built {
     outputs: Vec<Array>,
     write_backs: Vec<WriteBack>,
     rows_at: Vec<PendingRows>,
-    guard: Option<Array>,
+    flags: Option<Array>,
+    meta: Flags,
+}
+
+/// What the entries of a built graph's flag vector mean: the guard first when there is one,
+/// then one entry per data check, with the error it raises.
+#[derive(Default, Clone, Debug)]
+struct Flags {
+    guard: bool,
+    reasons: Vec<String>,
+}
+
+impl Flags {
+    fn any(&self) -> bool {
+        self.guard || !self.reasons.is_empty()
+    }
+
+    /// Reads the evaluated flag vector: a guard miss (where `guarded`: an exact run has no use
+    /// for its guard), the first failed check, or a valid run.
+    fn read(&self, flags: &Array, stream: &Stream, guarded: bool) -> Result<Verdict> {
+        let values = flags.to_vec::<bool>(stream)?;
+        if values.len() != self.guard as usize + self.reasons.len() {
+            return Err(Error::new(format!("{} flags evaluated for {:?}", values.len(), self)));
+        }
+        if guarded && self.guard && !values[0] {
+            return Ok(Verdict::GuardMiss);
+        }
+        let checks = &values[self.guard as usize..];
+        match checks.iter().position(|ok| !ok) {
+            Some(i) => Ok(Verdict::Invalid(Error::new(self.reasons[i].clone()))),
+            None => Ok(Verdict::Valid),
+        }
+    }
+}
+
+/// What a run's flags say.
+enum Verdict {
+    Valid,
+    /// A guard failed: the outputs are discarded and the run takes the exact path.
+    GuardMiss,
+    /// The input data is invalid for a node (an index out of range): the run fails with this.
+    Invalid(Error),
+}
+
+/// How a compiled run ended.
+enum Applied {
+    Ran(RunOutputs),
+    GuardMiss,
+    Invalid(Error),
 }
 
 /// Rows to write into a runtime input's buffer at positions known after evaluation.
@@ -475,7 +540,7 @@ struct CompiledCache {
 #[derive(Default, Clone)]
 struct TraceMeta {
     rows_at: Vec<(usize, usize, String)>,
-    guard: bool,
+    flags: Flags,
 }
 
 /// A compiled closure and what its trace recorded.
@@ -496,14 +561,14 @@ impl Traced {
             let built = t.build(args.to_vec(), &stream, true, shapeless).map_err(|e| MlxError(e.0))?;
             *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(TraceMeta {
                 rows_at: built.rows_at.iter().map(|p| (p.input, p.axis, p.output.clone())).collect(),
-                guard: built.guard.is_some(),
+                flags: built.meta,
             }));
             let mut outputs = built.outputs;
             for p in built.rows_at {
                 outputs.push(p.rows);
                 outputs.push(p.starts);
             }
-            outputs.extend(built.guard);
+            outputs.extend(built.flags);
             Ok(outputs)
         });
         let compiled = {
@@ -695,9 +760,10 @@ impl Plan {
             && let Some(key) = self.decode_key(&inputs)
         {
             match self.run_decode(&inputs, key) {
-                Ok(Some(run)) => return Ok(run),
+                Ok(Applied::Ran(run)) => return Ok(run),
+                Ok(Applied::Invalid(e)) => return Err(e),
                 // A guard failed: this run takes the exact shape-keyed path.
-                Ok(None) => {
+                Ok(Applied::GuardMiss) => {
                     self.stats.decode_guard_misses.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => self.refuse_decode(format!("the decode slot failed ({e})")),
@@ -705,8 +771,9 @@ impl Plan {
         }
         if !matches!(mode, Mode::Eager(_)) && !empty {
             match self.run_compiled(&inputs, &mode) {
-                Ok(Some(run)) => return Ok(run),
-                Ok(None) => {
+                Ok(Applied::Ran(run)) => return Ok(run),
+                Ok(Applied::Invalid(e)) => return Err(e),
+                Ok(Applied::GuardMiss) => {
                     return Err(Error::new(format!("partition {}: a guard failed outside the decode slot", t.name)));
                 }
                 Err(e) => {
@@ -718,13 +785,19 @@ impl Plan {
             }
         }
         let shapes: Vec<Vec<i64>> = inputs.iter().map(Array::shape).collect();
-        let Built { outputs, mut write_backs, rows_at, .. } = {
+        let Built { outputs, mut write_backs, rows_at, flags, meta } = {
             let _timer = self.stats.phase(Phase::Translate, &t.name);
             t.build(inputs, &self.stream, false, false)?
         };
         self.stats.eager_runs.fetch_add(1, Ordering::Relaxed);
         let extra = rows_at.iter().flat_map(|p| [&p.rows, &p.starts]);
-        self.evaluate(outputs.iter().chain(write_backs.iter().map(|w| &w.array)).chain(extra))?;
+        self.evaluate(outputs.iter().chain(write_backs.iter().map(|w| &w.array)).chain(extra).chain(&flags))?;
+        // An eager run is exact: a guard has nothing to say, a failed check fails it.
+        if let Some(flags) = &flags
+            && let Verdict::Invalid(e) = meta.read(flags, &self.stream, false)?
+        {
+            return Err(e);
+        }
         for p in &rows_at {
             write_backs.push(p.resolve(&shapes[p.input])?);
         }
@@ -740,7 +813,7 @@ impl Plan {
         Ok(())
     }
 
-    fn run_compiled(&self, inputs: &[Array], mode: &Mode) -> Result<Option<RunOutputs>> {
+    fn run_compiled(&self, inputs: &[Array], mode: &Mode) -> Result<Applied> {
         let shapeless = *mode == Mode::Shapeless;
         // A shapeless trace bakes in which dims broadcast (size 1): its key keeps, per dim,
         // whether it is 1, so `[n, 1] * [1, m]` and `[n, m] * [n, m]` get their own traces while
@@ -778,8 +851,8 @@ impl Plan {
     }
 
     /// Applies a compiled closure and evaluates everything it returns in one evaluation: the
-    /// outputs, the rows to write at data positions, the guard. `None` when the guard failed.
-    fn apply(&self, traced: &Traced, inputs: &[Array]) -> Result<Option<RunOutputs>> {
+    /// outputs, the rows to write at data positions, the flags (guard and data checks).
+    fn apply(&self, traced: &Traced, inputs: &[Array]) -> Result<Applied> {
         let traces_before = self.stats.traces.load(Ordering::Relaxed);
         let started = Instant::now();
         let mut outputs = traced.closure.apply(inputs).map_err(Error::from)?;
@@ -792,13 +865,15 @@ impl Plan {
         let meta = traced.meta.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
         let meta = meta.as_ref();
         let n = self.translation.outputs.len();
-        if outputs.len() != n + 2 * meta.rows_at.len() + meta.guard as usize {
+        if outputs.len() != n + 2 * meta.rows_at.len() + meta.flags.any() as usize {
             return Err(Error::new(format!("a compiled closure returned {} arrays for {n} outputs", outputs.len())));
         }
-        if meta.guard {
-            let guard = outputs.pop().expect("counted above");
-            if !guard.to_vec::<bool>(&self.stream)?.first().copied().unwrap_or(false) {
-                return Ok(None);
+        if meta.flags.any() {
+            let flags = outputs.pop().expect("counted above");
+            match meta.flags.read(&flags, &self.stream, true)? {
+                Verdict::Valid => {}
+                Verdict::GuardMiss => return Ok(Applied::GuardMiss),
+                Verdict::Invalid(e) => return Ok(Applied::Invalid(e)),
             }
         }
         let mut extra = outputs.split_off(n).into_iter();
@@ -808,7 +883,7 @@ impl Plan {
             let shape = inputs.get(input).map(Array::shape).unwrap_or_default();
             write_backs.push(PendingRows { input, rows, starts, axis, output: output.clone() }.resolve(&shape)?);
         }
-        Ok(Some(RunOutputs { outputs, write_backs }))
+        Ok(Applied::Ran(RunOutputs { outputs, write_backs }))
     }
 }
 
@@ -870,8 +945,8 @@ impl Plan {
         st.cache.entries.clear();
     }
 
-    /// Runs the decode slot's shapeless closure for `key`; `None` when a guard failed.
-    fn run_decode(&self, inputs: &[Array], key: InputKey) -> Result<Option<RunOutputs>> {
+    /// Runs the decode slot's shapeless closure for `key`.
+    fn run_decode(&self, inputs: &[Array], key: InputKey) -> Result<Applied> {
         let traced = {
             let st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
             st.cache.entries.iter().find(|(k, _)| *k == key).map(|(_, t)| t.clone())
@@ -1042,6 +1117,53 @@ mod tests {
             ctx.run_subgraph(body, vec![])
         },
     };
+
+    /// `take(x, i)` along axis 0 with the indices checked against the rows of `x`.
+    static TAKE_CHECKED: TestLowering = TestLowering {
+        op: "TakeChecked",
+        safety: CompileSafety::ShapeKeyed,
+        lower: |ctx, _| {
+            let (x, i, s) = (ctx.input(0)?.clone(), ctx.input(1)?.clone(), ctx.stream());
+            let rows = mlx::ops::scalar(x.shape()[0] as f64, Dtype::I64, s)?;
+            let i = ctx.checked_indices(&i, &rows, "index out of range", s)?;
+            Ok(vec![mlx::ops::take(&x, &i, 0, s)?])
+        },
+    };
+
+    #[test]
+    fn a_failed_data_check_fails_the_run_naming_the_node_and_later_runs_still_replay() {
+        let registry = Registry::build(&[&TAKE_CHECKED]).unwrap();
+        let _g = mlx::lock();
+        let s = Stream::cpu().unwrap();
+        for compile in [true, false] {
+            let stats = Arc::new(SessionStats::default());
+            let plan = make_plan(
+                &registry,
+                vec![node("TakeChecked", ["x", "i"], "y")],
+                &["x", "i"],
+                &["y"],
+                vec![],
+                &stats,
+                compile,
+            )
+            .unwrap();
+            let x = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
+            let run = |idx: &[i64]| plan.run(vec![x.clone(), Array::from_slice(idx, &[idx.len() as i64]).unwrap()]);
+            assert_eq!(run(&[3, -4]).unwrap().outputs[0].to_vec::<f32>(&s).unwrap(), vec![4.0, 1.0]);
+            for bad in [[4i64, 0], [0, -5], [1 << 40, 0], [i64::MIN, 0]] {
+                let err = run(&bad).err().expect("an out-of-range index fails the run");
+                assert!(err.0.contains("TakeChecked_node") && err.0.contains("index out of range"), "{err}");
+            }
+            // A user's bad data is no reason to change how the partition runs.
+            assert_eq!(run(&[2, -1]).unwrap().outputs[0].to_vec::<f32>(&s).unwrap(), vec![3.0, 4.0]);
+            if compile {
+                assert_eq!(plan.mode(), Mode::ShapeKeyed);
+                assert_eq!(count(&stats.traces), 1, "every run replays the one trace");
+            } else {
+                assert!(matches!(plan.mode(), Mode::Eager(_)));
+            }
+        }
+    }
 
     fn value(name: &str) -> Option<ValueInfo> {
         Some(ValueInfo { name: name.into(), elem_type: Some(ElemType::F32), shape: None, is_constant: false })

@@ -157,6 +157,7 @@ pub struct LowerCtx<'a> {
     write_backs: Vec<RowWriteBack>,
     rows_at: Vec<RowsAt>,
     guards: Vec<Array>,
+    checks: Vec<Check>,
     /// Values of enclosing scopes by name (the node's implicit inputs), for its subgraphs.
     scope: Option<&'a std::collections::HashMap<String, Array>>,
     subgraph_constants: Option<&'a SubgraphConstants>,
@@ -191,6 +192,14 @@ impl SubgraphConstants {
         arrays.insert(key, a.clone());
         Ok(a)
     }
+}
+
+/// A condition on runtime data a lowering declared (see [`LowerCtx::check`]).
+pub struct Check {
+    /// Boolean, true everywhere when the data is valid.
+    pub cond: Array,
+    /// What is wrong when it is not.
+    pub reason: String,
 }
 
 /// A lowering's request to write new rows into the buffer of an input, at positions that are
@@ -234,6 +243,7 @@ impl<'a> LowerCtx<'a> {
             write_backs: Vec::new(),
             rows_at: Vec::new(),
             guards: Vec::new(),
+            checks: Vec::new(),
             scope: None,
             subgraph_constants: None,
         }
@@ -261,6 +271,7 @@ impl<'a> LowerCtx<'a> {
             write_backs: Vec::new(),
             rows_at: Vec::new(),
             guards: Vec::new(),
+            checks: Vec::new(),
             scope,
             subgraph_constants: Some(&caches.subgraphs),
         }
@@ -271,7 +282,19 @@ impl<'a> LowerCtx<'a> {
     /// to the enclosing scopes: this node's implicit inputs, and the values of any subgraph
     /// this one is nested in. Every node must have a registered lowering that claims it (a
     /// lowering with subgraphs checks that in its claim, with [`crate::registry::global`]).
-    pub fn run_subgraph(&self, graph: &crate::graph::Subgraph, inputs: Vec<Array>) -> Result<Vec<Array>> {
+    pub fn run_subgraph(&mut self, graph: &crate::graph::Subgraph, inputs: Vec<Array>) -> Result<Vec<Array>> {
+        let mut checks = Vec::new();
+        let outputs = self.evaluate_subgraph(graph, inputs, &mut checks);
+        self.checks.extend(checks);
+        outputs
+    }
+
+    fn evaluate_subgraph(
+        &self,
+        graph: &crate::graph::Subgraph,
+        inputs: Vec<Array>,
+        checks: &mut Vec<Check>,
+    ) -> Result<Vec<Array>> {
         if inputs.len() != graph.inputs.len() {
             return Err(Error::new(format!("subgraph takes {} inputs, {} given", graph.inputs.len(), inputs.len())));
         }
@@ -311,10 +334,18 @@ impl<'a> LowerCtx<'a> {
                     write_backs: Vec::new(),
                     rows_at: Vec::new(),
                     guards: Vec::new(),
+                    checks: Vec::new(),
                     scope: Some(&env),
                     subgraph_constants: Some(cache),
                 };
-                lowering.lower(&mut ctx, node).map_err(|e| e.at_node(&node.name, &node.qualified_op()))?
+                let results =
+                    lowering.lower(&mut ctx, node).map_err(|e| e.at_node(&node.name, &node.qualified_op()))?;
+                // The branch's data checks hold for the node that runs it.
+                for c in ctx.checks.drain(..) {
+                    checks
+                        .push(Check { reason: Error::new(c.reason).at_node(&node.name, &node.qualified_op()).0, ..c });
+                }
+                results
             };
             for (out, a) in node.outputs.iter().zip(results) {
                 if let Some(out) = out {
@@ -343,6 +374,41 @@ impl<'a> LowerCtx<'a> {
 
     pub(crate) fn take_guards(&mut self) -> Vec<Array> {
         std::mem::take(&mut self.guards)
+    }
+
+    pub(crate) fn take_checks(&mut self) -> Vec<Check> {
+        std::mem::take(&mut self.checks)
+    }
+
+    /// Declares that the node's result is defined only when `cond` (a boolean array) is true
+    /// everywhere: a condition on runtime data that the model cannot promise (indices within
+    /// range). The engine evaluates it with the outputs, in the same evaluation, and where it
+    /// is false the run fails with `reason`, prefixed with the node. The graph built must stay
+    /// memory-safe whatever the data (clamp indices before using them, as
+    /// [`Self::checked_indices`] does): the condition is read only after the evaluation.
+    pub fn check(&mut self, cond: &Array, reason: impl Into<String>) -> Result<()> {
+        self.checks.push(Check { cond: cond.clone(), reason: reason.into() });
+        Ok(())
+    }
+
+    /// `indices` (any integer type) as int64 positions within `0..dims`, negative indices
+    /// counting from the end; `dims` (int64) broadcasts against `indices`. An index outside
+    /// `-dim..dim` fails the run with `reason` (see [`Self::check`]); until the check is read
+    /// it is clamped into range, so the gather or scatter that uses it never touches memory
+    /// outside its tensor. Every dimension in `dims` must be at least 1: a lowering handles an
+    /// empty axis itself (there is nothing to index).
+    pub fn checked_indices(&mut self, indices: &Array, dims: &Array, reason: &str, s: &Stream) -> Result<Array> {
+        use crate::mlx::{Dtype, ops};
+        let idx = ops::astype(indices, Dtype::I64, s)?;
+        let dims = ops::astype(dims, Dtype::I64, s)?;
+        let zero = ops::scalar(0.0, Dtype::I64, s)?;
+        let one = ops::scalar(1.0, Dtype::I64, s)?;
+        let inside =
+            ops::logical_and(&ops::greater_equal(&idx, &ops::negative(&dims, s)?, s)?, &ops::less(&idx, &dims, s)?, s)?;
+        self.check(&inside, reason)?;
+        let wrapped = ops::where_(&ops::less(&idx, &zero, s)?, &ops::add(&idx, &dims, s)?, &idx, s)?;
+        let last = ops::subtract(&dims, &one, s)?;
+        Ok(ops::clip(&wrapped, Some(&zero), Some(&last), s)?)
     }
 
     /// Whether the graph being built is the decode slot's shapeless trace: it is replayed

@@ -187,7 +187,8 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             None => ops::add(&ops::reshape(&past_b, &[g.batch, 1], s)?, &steps, s)?,
         };
         let positions = ops::broadcast_to(&positions, &[g.batch, g.seq], s)?;
-        let (cos, sin) = rotary::angles(ctx.input(7)?, ctx.input(8)?, &positions, s)?;
+        let (cos_cache, sin_cache) = (ctx.input(7)?.clone(), ctx.input(8)?.clone());
+        let (cos, sin) = rotary::angles(ctx, &cos_cache, &sin_cache, &positions, s)?;
         // Rounded back to the model's type, as the cache holds them.
         q = ops::astype(&rotary::rotate(&f32(&q)?, &cos, &sin, interleaved, s)?, dtype, s)?;
         k = ops::astype(&rotary::rotate(&f32(&k)?, &cos, &sin, interleaved, s)?, dtype, s)?;

@@ -7,8 +7,8 @@
 //! half-split pairs `(x[i], x[i + h])`, interleaved pairs `(x[2i], x[2i + 1])`, each rotated as
 //! `(a, b) -> (a c - b s, b c + a s)`. Computed in float32 and rounded once, as ORT does.
 
-use ep_core::Result;
 use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::{LowerCtx, Result, bail};
 
 /// Rotates `x` (`[B, heads, S, H]`, float32) by `cos`/`sin` (`[B, 1, S, rotary_dim / 2]`,
 /// float32, broadcast over heads).
@@ -51,12 +51,31 @@ pub(crate) fn rotate(x: &Array, cos: &Array, sin: &Array, interleaved: bool, s: 
 }
 
 /// The rows of the cos and sin caches for `positions` (`[B, S]` integers), as float32
-/// `[B, 1, S, rotary_dim / 2]`.
-pub(crate) fn angles(cos_cache: &Array, sin_cache: &Array, positions: &Array, s: &Stream) -> Result<(Array, Array)> {
+/// `[B, 1, S, rotary_dim / 2]`. A position outside the caches fails the run (it is clamped
+/// until the check is read, so no read leaves the caches).
+pub(crate) fn angles(
+    ctx: &mut LowerCtx<'_>,
+    cos_cache: &Array,
+    sin_cache: &Array,
+    positions: &Array,
+    s: &Stream,
+) -> Result<(Array, Array)> {
     let ps = positions.shape();
+    let rows = cos_cache.shape().first().copied().unwrap_or(0).min(sin_cache.shape().first().copied().unwrap_or(0));
+    if rows == 0 {
+        bail!("the cos/sin caches have no rows");
+    }
+    let p = ops::astype(positions, Dtype::I32, s)?;
+    let (zero, last) = (ops::scalar(0.0, Dtype::I32, s)?, ops::scalar((rows - 1) as f64, Dtype::I32, s)?);
+    let inside = ops::logical_and(&ops::greater_equal(&p, &zero, s)?, &ops::less_equal(&p, &last, s)?, s)?;
+    ctx.check(
+        &inside,
+        format!("a position is outside the cos/sin caches' {rows} rows (it must lie within [0, {}])", rows - 1),
+    )?;
+    let p = ops::clip(&p, Some(&zero), Some(&last), s)?;
     let pick = |cache: &Array| -> Result<Array> {
         let half = cache.shape()[1];
-        let rows = ops::take(cache, &ops::astype(positions, Dtype::I32, s)?, 0, s)?;
+        let rows = ops::take(cache, &p, 0, s)?;
         Ok(ops::astype(&ops::reshape(&rows, &[ps[0], 1, ps[1], half], s)?, Dtype::F32, s)?)
     };
     Ok((pick(cos_cache)?, pick(sin_cache)?))

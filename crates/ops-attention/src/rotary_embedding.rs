@@ -69,7 +69,7 @@ fn seq_len(x: &Array) -> i64 {
 
 fn lower_ms(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
-    let x = ctx.input(0)?;
+    let x = &ctx.input(0)?.clone();
     let (batch, seq) = (x.shape()[0], seq_len(x));
     let ids = ops::astype(ctx.input(1)?, Dtype::I32, s)?;
     let positions = if ids.size() == 1 {
@@ -78,15 +78,19 @@ fn lower_ms(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     } else {
         ids
     };
-    let (cos, sin) = rotary::angles(ctx.input(2)?, ctx.input(3)?, &positions, s)?;
+    let (cos_cache, sin_cache) = (ctx.input(2)?.clone(), ctx.input(3)?.clone());
+    let (cos, sin) = rotary::angles(ctx, &cos_cache, &sin_cache, &positions, s)?;
     Ok(vec![apply(node, x, &cos, &sin, s)?])
 }
 
 fn lower_onnx(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
-    let x = ctx.input(0)?;
-    let (cos, sin) = match ctx.optional_input(3) {
-        Some(ids) => rotary::angles(ctx.input(1)?, ctx.input(2)?, ids, s)?,
+    let x = &ctx.input(0)?.clone();
+    let (cos, sin) = match ctx.optional_input(3).cloned() {
+        Some(ids) => {
+            let (cos_cache, sin_cache) = (ctx.input(1)?.clone(), ctx.input(2)?.clone());
+            rotary::angles(ctx, &cos_cache, &sin_cache, &ids, s)?
+        }
         None => {
             // Caches already per token: [B, S, dim/2].
             let pick = |c: &Array| -> Result<Array> {

@@ -65,28 +65,25 @@ fn per_element(x: &Array, block: i64, len: i64, s: &Stream) -> Result<Array> {
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let (bits, block) = (node.attr_int("bits", 4)?, node.attr_int("block_size", 128)?);
-    let data = ctx.input(0)?;
+    let (data, indices, scales) = (ctx.input(0)?.clone(), ctx.input(1)?.clone(), ctx.input(2)?.clone());
+    let (data, scales) = (&data, &scales);
     let rows = data.shape()[0];
-    let scales = ctx.input(2)?;
     let out_type = scales.dtype();
-    let idx = ops::astype(ctx.input(1)?, Dtype::I64, s)?;
-    let zero = ops::scalar(0.0, Dtype::I64, s)?;
-    let idx = ops::where_(
-        &ops::less(&idx, &zero, s)?,
-        &ops::add(&idx, &ops::scalar(rows as f64, Dtype::I64, s)?, s)?,
-        &idx,
-        s,
-    )?;
-    let valid = ops::logical_and(
-        &ops::greater_equal(&idx, &zero, s)?,
-        &ops::less(&idx, &ops::scalar(rows as f64, Dtype::I64, s)?, s)?,
-        s,
-    )?;
-    let safe = ops::astype(
-        &ops::clip(&idx, Some(&zero), Some(&ops::scalar((rows - 1) as f64, Dtype::I64, s)?), s)?,
-        Dtype::I32,
-        s,
-    )?;
+    let zp_rows = ctx.optional_input(3).map(|z| z.shape().first().copied().unwrap_or(0));
+    if scales.shape().first() != Some(&rows) || zp_rows.is_some_and(|z| z != rows) {
+        bail!("the table has {rows} rows but its scales {:?} and zero points {zp_rows:?} rows", scales.shape().first());
+    }
+    if rows == 0 && indices.size() > 0 {
+        bail!("indices into a table with no rows");
+    }
+    // An index outside the table fails the run, as on ORT's CPU EP.
+    let reason = format!(
+        "indices out of range: each must lie within the inclusive range [{}, {}] (the table has {rows} rows)",
+        -rows,
+        rows - 1
+    );
+    let safe = ctx.checked_indices(&indices, &ops::scalar(rows.max(1) as f64, Dtype::I64, s)?, &reason, s)?;
+    let safe = ops::astype(&safe, Dtype::I32, s)?;
     let q = unpack(&ops::take(data, &safe, 0, s)?, bits, s)?;
     let width = *q.shape().last().ok_or_else(|| Error::new("data has no columns"))?;
     let q = ops::astype(&q, Dtype::F32, s)?;
@@ -111,8 +108,6 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         &per_element(&scale, block, width, s)?,
         s,
     )?;
-    let valid = ops::expand_dims(&valid, -1, s)?;
-    let w = ops::where_(&valid, &w, &ops::scalar(0.0, Dtype::F32, s)?, s)?;
     Ok(vec![ops::astype(&w, out_type, s)?])
 }
 

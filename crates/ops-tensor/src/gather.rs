@@ -12,20 +12,25 @@ fn claim_gather(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_input_type(node, 1, INDEX_TYPES)
 }
 
-/// `idx + dim` where `idx < 0` (`dim` broadcasts against `idx`).
-fn wrap_negative(idx: &Array, dim: &Array, s: &Stream) -> Result<Array> {
-    let idx = ops::astype(idx, Dtype::I64, s)?;
-    let zero = ops::scalar(0.0, Dtype::I64, s)?;
-    let neg = ops::less(&idx, &zero, s)?;
-    Ok(ops::where_(&neg, &ops::add(&idx, dim, s)?, &idx, s)?)
+/// `idx` as positions along an axis of `dim` entries: negative indices wrap, and an index
+/// outside `[-dim, dim)` fails the run (see `LowerCtx::checked_indices`).
+fn positions(ctx: &mut LowerCtx<'_>, idx: &Array, dim: i64, axis: usize, s: &Stream) -> Result<Array> {
+    if dim == 0 && idx.size() > 0 {
+        bail!("indices into axis {axis}, which has no entries");
+    }
+    let reason = format!(
+        "indices out of range: each must lie within the inclusive range [{}, {}] (axis {axis} has {dim} entries)",
+        -dim,
+        dim - 1
+    );
+    ctx.checked_indices(idx, &ops::scalar(dim.max(1) as f64, Dtype::I64, s)?, &reason, s)
 }
 
 fn lower_gather(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let (x, s) = (ctx.input(0)?, ctx.stream());
+    let (x, idx, s) = (ctx.input(0)?.clone(), ctx.input(1)?.clone(), ctx.stream());
     let axis = normalize_axis(node.attr_int("axis", 0)?, x.ndim())?;
-    let dim = ops::scalar(x.shape()[axis] as f64, Dtype::I64, s)?;
-    let idx = wrap_negative(ctx.input(1)?, &dim, s)?;
-    Ok(vec![ops::take(x, &idx, axis as i32, s)?])
+    let idx = positions(ctx, &idx, x.shape()[axis], axis, s)?;
+    Ok(vec![ops::take(&x, &idx, axis as i32, s)?])
 }
 
 ep_core::register_lowering!(
@@ -40,8 +45,8 @@ ep_core::register_lowering!(
 );
 
 fn lower_gather_elements(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let (x, s) = (ctx.input(0)?, ctx.stream());
-    let idx = ctx.input(1)?;
+    let (x, idx, s) = (ctx.input(0)?.clone(), ctx.input(1)?.clone(), ctx.stream());
+    let (x, idx) = (&x, &idx);
     let (xs, is) = (x.shape(), idx.shape());
     if xs.len() != is.len() {
         bail!("indices have rank {}, data rank {}", is.len(), xs.len());
@@ -58,8 +63,7 @@ fn lower_gather_elements(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<
         }
     }
     let part = if hi == xs { x.clone() } else { ops::slice(x, &vec![0; xs.len()], &hi, s)? };
-    let dim = ops::scalar(xs[axis] as f64, Dtype::I64, s)?;
-    let idx = wrap_negative(idx, &dim, s)?;
+    let idx = positions(ctx, idx, xs[axis], axis, s)?;
     Ok(vec![ops::take_along_axis(&part, &idx, axis as i32, s)?])
 }
 
@@ -75,8 +79,8 @@ ep_core::register_lowering!(
 );
 
 fn lower_gather_nd(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let (x, s) = (ctx.input(0)?, ctx.stream());
-    let idx = ctx.input(1)?;
+    let (x, idx, s) = (ctx.input(0)?.clone(), ctx.input(1)?.clone(), ctx.stream());
+    let (x, idx) = (&x, &idx);
     let (xs, is) = (x.shape(), idx.shape());
     let b = node.attr_int("batch_dims", 0)? as usize;
     let Some(&k) = is.last() else { bail!("indices are a scalar") };
@@ -92,8 +96,15 @@ fn lower_gather_nd(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
     for j in (0..k.saturating_sub(1)).rev() {
         strides[j] = strides[j + 1] * xs[b + j + 1];
     }
-    let dims = Array::from_slice(&xs[b..b + k], &[k as i64])?;
-    let norm = wrap_negative(idx, &dims, s)?;
+    let indexed_dims = &xs[b..b + k];
+    if indexed_dims.contains(&0) && idx.size() > 0 {
+        bail!("indices into data {xs:?}, whose indexed dimensions {indexed_dims:?} include an empty one");
+    }
+    let dims = Array::from_slice(&indexed_dims.iter().map(|&d| d.max(1)).collect::<Vec<_>>(), &[k as i64])?;
+    let reason = format!(
+        "indices out of range: index column j must lie within [-d_j, d_j - 1] for the indexed dimensions {indexed_dims:?}"
+    );
+    let norm = ctx.checked_indices(idx, &dims, &reason, s)?;
     let flat = ops::sum_axes(&ops::multiply(&norm, &Array::from_slice(&strides, &[k as i64])?, s)?, &[-1], false, s)?;
     // Each batch's rows start `indexed` rows further into the flattened data.
     let flat = if b > 0 {

@@ -38,15 +38,20 @@ fn scatter_stream<'a>(ctx: &LowerCtx<'a>, data: &Array) -> &'a Stream {
     if wide_int && ep_core::mlx::default_device_is_gpu() { ctx.cpu_stream() } else { ctx.stream() }
 }
 
-/// `idx + dim` where `idx < 0`, as int64.
-fn wrap(idx: &Array, dim: &Array, s: &Stream) -> Result<Array> {
-    let idx = ops::astype(idx, Dtype::I64, s)?;
-    let zero = ops::scalar(0.0, Dtype::I64, s)?;
-    Ok(ops::where_(&ops::less(&idx, &zero, s)?, &ops::add(&idx, dim, s)?, &idx, s)?)
+/// `idx` as int64 positions along axis `axis` of `dim` (at least 1) entries: negative indices
+/// wrap, and an index outside `[-dim, dim)` fails the run (see `LowerCtx::checked_indices`).
+fn wrap(ctx: &mut LowerCtx<'_>, idx: &Array, dim: i64, axis: usize, s: &Stream) -> Result<Array> {
+    let reason = format!(
+        "indices out of range: each must lie within the inclusive range [{}, {}] (axis {axis} has {dim} entries)",
+        -dim,
+        dim - 1
+    );
+    ctx.checked_indices(idx, &ops::scalar(dim as f64, Dtype::I64, s)?, &reason, s)
 }
 
 fn lower_scatter_elements(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let (data, idx, upd) = (ctx.input(0)?, ctx.input(1)?, ctx.input(2)?);
+    let (data, idx, upd) = (ctx.input(0)?.clone(), ctx.input(1)?.clone(), ctx.input(2)?.clone());
+    let (data, idx, upd) = (&data, &idx, &upd);
     let s = scatter_stream(ctx, data);
     let shape = data.shape();
     let r = shape.len();
@@ -58,11 +63,17 @@ fn lower_scatter_elements(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec
     if is.contains(&0) {
         return Ok(vec![data.clone()]);
     }
+    if shape[axis] == 0 {
+        bail!("indices into axis {axis}, which has no entries");
+    }
+    if let Some(d) = (0..r).find(|&d| d != axis && is[d] > shape[d]) {
+        bail!("indices {is:?} exceed the data {shape:?} on axis {d}");
+    }
     // One index array per axis: the given indices on `axis`, positions elsewhere.
     let mut indices = Vec::with_capacity(r);
     for d in 0..r {
         if d == axis {
-            indices.push(wrap(idx, &ops::scalar(shape[d] as f64, Dtype::I64, s)?, s)?);
+            indices.push(wrap(ctx, idx, shape[d], d, s)?);
         } else {
             let mut pos = vec![1i64; r];
             pos[d] = is[d];
@@ -89,7 +100,8 @@ ep_core::register_lowering!(
 );
 
 fn lower_scatter_nd(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let (data, idx, upd) = (ctx.input(0)?, ctx.input(1)?, ctx.input(2)?);
+    let (data, idx, upd) = (ctx.input(0)?.clone(), ctx.input(1)?.clone(), ctx.input(2)?.clone());
+    let (data, idx, upd) = (&data, &idx, &upd);
     let s = scatter_stream(ctx, data);
     let shape = data.shape();
     let is = idx.shape();
@@ -102,13 +114,20 @@ fn lower_scatter_nd(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
     if batch.contains(&0) {
         return Ok(vec![data.clone()]);
     }
+    if shape[..k].contains(&0) {
+        bail!("indices into data {shape:?}, whose indexed dimensions include an empty one");
+    }
+    let mut expected = batch.to_vec();
+    expected.extend(&shape[k..]);
+    if upd.shape() != expected {
+        bail!("updates {:?} must have shape {expected:?} (indices {is:?}, data {shape:?})", upd.shape());
+    }
     let idx = ops::astype(idx, Dtype::I64, s)?;
     let parts = ops::split_at(&idx, &(1..k as i64).collect::<Vec<_>>(), is.len() as i32 - 1, s)?;
-    let indices = parts
-        .iter()
-        .enumerate()
-        .map(|(j, p)| wrap(&ops::reshape(p, batch, s)?, &ops::scalar(shape[j] as f64, Dtype::I64, s)?, s))
-        .collect::<Result<Vec<_>>>()?;
+    let mut indices = Vec::with_capacity(k);
+    for (j, p) in parts.iter().enumerate() {
+        indices.push(wrap(ctx, &ops::reshape(p, batch, s)?, shape[j], j, s)?);
+    }
     let mut ushape = batch.to_vec();
     ushape.extend(std::iter::repeat_n(1, k));
     ushape.extend(&shape[k..]);
