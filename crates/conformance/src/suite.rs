@@ -18,6 +18,14 @@ pub const CHECKED_IN_PYTHON: &[&str] = &["If"];
 /// The multi-node chains, reported as the op `chain` (not a lowering, so outside the coverage
 /// check).
 static CHAINS: OpSpec = OpSpec { domain: "", op: "chain", cases: crate::chains::strategy, file: file!() };
+static QUANT_CHAIN: OpSpec =
+    OpSpec { domain: "", op: "chain:dynamic-quant-matmul", cases: crate::chains::dynamic_quant_matmul, file: file!() };
+static EXACT_CONSTANT_CHAIN: OpSpec = OpSpec {
+    domain: "",
+    op: "chain:exact-scalar-constant",
+    cases: crate::chains::exact_scalar_constant,
+    file: file!(),
+};
 
 pub struct Options {
     /// Cases per spec.
@@ -156,7 +164,7 @@ pub fn run(opts: &Options) -> Report {
     let mut report = Report::default();
     let specs: Vec<&'static OpSpec> = conformance_spec::specs()
         .into_iter()
-        .chain([&CHAINS])
+        .chain([&CHAINS, &QUANT_CHAIN, &EXACT_CONSTANT_CHAIN])
         .filter(|s| opts.op.as_deref().is_none_or(|op| op == s.op))
         .collect();
     let spec_keys: BTreeSet<(String, String)> =

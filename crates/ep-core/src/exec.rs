@@ -68,6 +68,9 @@ struct Translation {
     inputs: Vec<String>,
     outputs: Vec<PlanOutput>,
     constants: Vec<(String, Arc<Array>)>,
+    /// Per constant: its value when it is one float32/float64 element that a compiled
+    /// kernel's source would not hold exactly.
+    exact: Vec<Option<(f64, Dtype, Vec<i64>)>>,
     nodes: Vec<PlanNode>,
     num_values: usize,
     caches: PlanCaches,
@@ -88,7 +91,12 @@ impl Translation {
         let resolve = |values: &[Option<Array>], src: Source| -> Option<Array> {
             match src {
                 Source::Input(i) => inputs.get(i).cloned(),
-                Source::Constant(i) => Some(Array::clone(&self.constants[i].1)),
+                // Inside a trace, a one-element float constant is rebuilt exactly (see
+                // `mlx::ops::exact_float`): MLX would write it into the kernel's source rounded.
+                Source::Constant(i) => match (&self.exact[i], tracing) {
+                    (Some((v, dtype, shape)), true) => mlx::ops::exact_float(*v, *dtype, shape, stream).ok(),
+                    _ => Some(Array::clone(&self.constants[i].1)),
+                },
                 Source::Value(i) => values[i].clone(),
                 Source::Absent => None,
             }
@@ -138,6 +146,7 @@ impl Translation {
                 });
                 t.record(info.name.clone(), "node", started, Instant::now(), args);
             }
+            check_sizes(&results).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
             if results.len() < node.outputs.iter().flatten().count() {
                 return Err(Error::new(format!(
                     "lowering returned {} outputs for {}",
@@ -502,6 +511,15 @@ pub struct RunOutputs {
     pub write_backs: Vec<WriteBack>,
 }
 
+/// Refuses node results larger than MLX's memory limit, before anything is allocated: such a
+/// graph would fail in MLX's allocator, or take the host's memory, when evaluated.
+fn check_sizes(results: &[Array]) -> Result<()> {
+    for (i, a) in results.iter().enumerate() {
+        crate::lowering::check_shape(&a.shape(), a.dtype()).map_err(|e| Error::new(format!("output {i}: {e}")))?;
+    }
+    Ok(())
+}
+
 /// "dtype[shape]" of each input, for trace spans.
 fn describe(arrays: &[Option<Array>]) -> Vec<String> {
     arrays
@@ -686,11 +704,13 @@ impl Plan {
         if let Mode::Eager(reason) = &mode {
             stats.record_fallback(format!("partition {name}: {reason}"));
         }
+        let exact = constants.iter().map(|(_, a)| inexact_in_kernels(a)).collect();
         let translation = Translation {
             name,
             inputs,
             outputs: resolved_outputs,
             constants,
+            exact,
             nodes,
             num_values,
             caches: PlanCaches {
@@ -967,6 +987,21 @@ impl Plan {
         self.stats.decode_runs.fetch_add(1, Ordering::Relaxed);
         Ok(run)
     }
+}
+
+/// The value of a one-element float32/float64 constant that MLX's compiled kernels would
+/// round (see [`mlx::ops::survives_kernel_source`]).
+fn inexact_in_kernels(a: &Array) -> Option<(f64, Dtype, Vec<i64>)> {
+    if a.size() != 1 {
+        return None;
+    }
+    let bytes = a.host_bytes()?;
+    let v = match a.dtype() {
+        Dtype::F32 => f64::from(f32::from_le_bytes(bytes.get(..4)?.try_into().ok()?)),
+        Dtype::F64 => f64::from_le_bytes(bytes.get(..8)?.try_into().ok()?),
+        _ => return None,
+    };
+    (!mlx::ops::survives_kernel_source(v, a.dtype())).then(|| (v, a.dtype(), a.shape()))
 }
 
 fn choose_mode(nodes: &[PlanNode], compile: bool) -> Mode {

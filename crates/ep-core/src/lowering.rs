@@ -722,6 +722,31 @@ pub const ALL_TYPES: &[ElemType] = &[
     ElemType::Bool,
 ];
 
+/// Checks a shape a lowering is about to build from data (sizes read from an input, an
+/// attribute): every dimension within `0..=i32::MAX` (MLX holds dimensions as 32-bit
+/// integers) and the whole tensor within MLX's memory limit. Call it before doing host work
+/// proportional to the shape.
+pub fn check_shape(shape: &[i64], dtype: crate::mlx::Dtype) -> Result<()> {
+    if let Some(d) = shape.iter().find(|&&d| !(0..=i32::MAX as i64).contains(&d)) {
+        return Err(Error::new(format!("dimension {d} of shape {shape:?} is outside 0..=2^31-1")));
+    }
+    let bytes =
+        shape.iter().try_fold(dtype.size_in_bytes() as u64, |acc, &d| acc.checked_mul(d as u64)).unwrap_or(u64::MAX);
+    let limit = memory_limit();
+    if bytes > limit {
+        return Err(Error::new(format!(
+            "a {dtype:?}{shape:?} tensor ({bytes} bytes) is more than MLX's memory limit of {limit} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// MLX's memory limit in bytes (read once), `u64::MAX` where the backend sets none.
+pub fn memory_limit() -> u64 {
+    static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| crate::mlx::memory_limit().ok().filter(|&l| l > 0).map_or(u64::MAX, |l| l as u64))
+}
+
 /// Declines unless input `i` (if present) has one of `allowed` element types.
 pub fn require_input_type(node: &NodeInfo, i: usize, allowed: &[ElemType]) -> std::result::Result<(), Decline> {
     match node.input(i) {

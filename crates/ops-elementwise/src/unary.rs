@@ -1,8 +1,10 @@
 //! Float unary math and activations: Relu, Sigmoid, Tanh, Exp, Log, Sqrt, Abs, Neg, Reciprocal,
 //! Floor, Ceil, Round, Sign, Erf, the trigonometric and hyperbolic functions and their inverses.
 //! Each is exactly MLX's elementwise function of the same meaning (Round: halves to even, as
-//! ONNX defines it); integer forms are left to the CPU EP for now.
+//! ONNX defines it). Abs and Neg also take integers (wrapping at the type's minimum, as ORT's
+//! CPU EP does); the other integer forms are left to the CPU EP.
 
+use ep_core::ElemType;
 use ep_core::lowering::{FLOATS, require_inputs, require_types};
 use ep_core::mlx::{Array, Result as MlxResult, Stream, ops};
 use ep_core::{CompileSafety, Decline, LowerCtx, Lowering, NodeInfo, Result};
@@ -13,7 +15,28 @@ pub struct Unary {
     /// The first opset whose definition this lowering implements.
     since: i32,
     f: fn(&Array, &Stream) -> MlxResult<Array>,
+    /// The element types it takes.
+    types: &'static [ElemType],
 }
+
+/// Abs: floats and every integer type.
+const ABS_TYPES: &[ElemType] = &[
+    ElemType::F32,
+    ElemType::F16,
+    ElemType::BF16,
+    ElemType::I8,
+    ElemType::I16,
+    ElemType::I32,
+    ElemType::I64,
+    ElemType::U8,
+    ElemType::U16,
+    ElemType::U32,
+    ElemType::U64,
+];
+
+/// Neg: floats and the signed integer types.
+const NEG_TYPES: &[ElemType] =
+    &[ElemType::F32, ElemType::F16, ElemType::BF16, ElemType::I8, ElemType::I16, ElemType::I32, ElemType::I64];
 
 impl Lowering for Unary {
     fn op_type(&self) -> &'static str {
@@ -26,7 +49,7 @@ impl Lowering for Unary {
 
     fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline> {
         require_inputs(node, 1, 1)?;
-        require_types(node, FLOATS)
+        require_types(node, self.types)
     }
 
     fn lower(&self, ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
@@ -53,31 +76,31 @@ fn sign(x: &Array, s: &Stream) -> MlxResult<Array> {
     ops::where_(&ops::isnan(x, s)?, x, &ops::sign(x, s)?, s)
 }
 
-ep_core::register_lowering!(RELU = Unary { op: "Relu", since: 6, f: relu });
-ep_core::register_lowering!(SIGMOID = Unary { op: "Sigmoid", since: 6, f: ops::sigmoid });
-ep_core::register_lowering!(TANH = Unary { op: "Tanh", since: 6, f: ops::tanh });
-ep_core::register_lowering!(EXP = Unary { op: "Exp", since: 6, f: ops::exp });
-ep_core::register_lowering!(LOG = Unary { op: "Log", since: 6, f: ops::log });
-ep_core::register_lowering!(SQRT = Unary { op: "Sqrt", since: 6, f: ops::sqrt });
-ep_core::register_lowering!(ABS = Unary { op: "Abs", since: 6, f: ops::abs });
-ep_core::register_lowering!(NEG = Unary { op: "Neg", since: 6, f: ops::negative });
-ep_core::register_lowering!(RECIPROCAL = Unary { op: "Reciprocal", since: 6, f: ops::reciprocal });
-ep_core::register_lowering!(FLOOR = Unary { op: "Floor", since: 6, f: ops::floor });
-ep_core::register_lowering!(CEIL = Unary { op: "Ceil", since: 6, f: ops::ceil });
-ep_core::register_lowering!(ROUND = Unary { op: "Round", since: 11, f: ops::round });
-ep_core::register_lowering!(SIGN = Unary { op: "Sign", since: 9, f: sign });
-ep_core::register_lowering!(ERF = Unary { op: "Erf", since: 9, f: ops::erf });
-ep_core::register_lowering!(SIN = Unary { op: "Sin", since: 7, f: ops::sin });
-ep_core::register_lowering!(COS = Unary { op: "Cos", since: 7, f: ops::cos });
-ep_core::register_lowering!(TAN = Unary { op: "Tan", since: 7, f: ops::tan });
-ep_core::register_lowering!(ASIN = Unary { op: "Asin", since: 7, f: ops::arcsin });
-ep_core::register_lowering!(ACOS = Unary { op: "Acos", since: 7, f: ops::arccos });
-ep_core::register_lowering!(ATAN = Unary { op: "Atan", since: 7, f: ops::arctan });
-ep_core::register_lowering!(SINH = Unary { op: "Sinh", since: 9, f: ops::sinh });
-ep_core::register_lowering!(COSH = Unary { op: "Cosh", since: 9, f: ops::cosh });
-ep_core::register_lowering!(ASINH = Unary { op: "Asinh", since: 9, f: ops::arcsinh });
-ep_core::register_lowering!(ACOSH = Unary { op: "Acosh", since: 9, f: ops::arccosh });
-ep_core::register_lowering!(ATANH = Unary { op: "Atanh", since: 9, f: ops::arctanh });
+ep_core::register_lowering!(RELU = Unary { op: "Relu", since: 6, f: relu, types: FLOATS });
+ep_core::register_lowering!(SIGMOID = Unary { op: "Sigmoid", since: 6, f: ops::sigmoid, types: FLOATS });
+ep_core::register_lowering!(TANH = Unary { op: "Tanh", since: 6, f: ops::tanh, types: FLOATS });
+ep_core::register_lowering!(EXP = Unary { op: "Exp", since: 6, f: ops::exp, types: FLOATS });
+ep_core::register_lowering!(LOG = Unary { op: "Log", since: 6, f: ops::log, types: FLOATS });
+ep_core::register_lowering!(SQRT = Unary { op: "Sqrt", since: 6, f: ops::sqrt, types: FLOATS });
+ep_core::register_lowering!(ABS = Unary { op: "Abs", since: 6, f: ops::abs, types: ABS_TYPES });
+ep_core::register_lowering!(NEG = Unary { op: "Neg", since: 6, f: ops::negative, types: NEG_TYPES });
+ep_core::register_lowering!(RECIPROCAL = Unary { op: "Reciprocal", since: 6, f: ops::reciprocal, types: FLOATS });
+ep_core::register_lowering!(FLOOR = Unary { op: "Floor", since: 6, f: ops::floor, types: FLOATS });
+ep_core::register_lowering!(CEIL = Unary { op: "Ceil", since: 6, f: ops::ceil, types: FLOATS });
+ep_core::register_lowering!(ROUND = Unary { op: "Round", since: 11, f: ops::round, types: FLOATS });
+ep_core::register_lowering!(SIGN = Unary { op: "Sign", since: 9, f: sign, types: FLOATS });
+ep_core::register_lowering!(ERF = Unary { op: "Erf", since: 9, f: ops::erf, types: FLOATS });
+ep_core::register_lowering!(SIN = Unary { op: "Sin", since: 7, f: ops::sin, types: FLOATS });
+ep_core::register_lowering!(COS = Unary { op: "Cos", since: 7, f: ops::cos, types: FLOATS });
+ep_core::register_lowering!(TAN = Unary { op: "Tan", since: 7, f: ops::tan, types: FLOATS });
+ep_core::register_lowering!(ASIN = Unary { op: "Asin", since: 7, f: ops::arcsin, types: FLOATS });
+ep_core::register_lowering!(ACOS = Unary { op: "Acos", since: 7, f: ops::arccos, types: FLOATS });
+ep_core::register_lowering!(ATAN = Unary { op: "Atan", since: 7, f: ops::arctan, types: FLOATS });
+ep_core::register_lowering!(SINH = Unary { op: "Sinh", since: 9, f: ops::sinh, types: FLOATS });
+ep_core::register_lowering!(COSH = Unary { op: "Cosh", since: 9, f: ops::cosh, types: FLOATS });
+ep_core::register_lowering!(ASINH = Unary { op: "Asinh", since: 9, f: ops::arcsinh, types: FLOATS });
+ep_core::register_lowering!(ACOSH = Unary { op: "Acosh", since: 9, f: ops::arccosh, types: FLOATS });
+ep_core::register_lowering!(ATANH = Unary { op: "Atanh", since: 9, f: ops::arctanh, types: FLOATS });
 
 #[cfg(feature = "conformance")]
 mod spec {
@@ -88,6 +111,30 @@ mod spec {
     /// mixed in, at an opset from the lowering's first to 22.
     fn unary(op: &'static str, since: u32) -> BoxedStrategy<Case> {
         unary_with(op, since, |_| Values::Special)
+    }
+
+    /// Floats and integers (unsigned too where `unsigned`), extremes included: integer
+    /// minimums wrap (`Neg(-128) = -128` in int8), as ORT's CPU EP computes them.
+    fn with_ints(op: &'static str, unsigned: bool) -> BoxedStrategy<Case> {
+        let signed = [DType::F32, DType::F16, DType::I8, DType::I16, DType::I32, DType::I64];
+        let all = [
+            DType::F32,
+            DType::F16,
+            DType::I8,
+            DType::I16,
+            DType::I32,
+            DType::I64,
+            DType::U8,
+            DType::U16,
+            DType::U32,
+            DType::U64,
+        ];
+        let types: Vec<DType> = if unsigned { all.to_vec() } else { signed.to_vec() };
+        (select(types), shape(0..=4), opset(13..=22), seed())
+            .prop_map(move |(t, s, v, seed)| {
+                Case::op(op, v).input_with("x", t, &s, Values::Special).output("y", t, &s).with_seed(seed)
+            })
+            .boxed()
     }
 
     fn unary_with(op: &'static str, since: u32, values: fn(DType) -> Values) -> BoxedStrategy<Case> {
@@ -104,8 +151,8 @@ mod spec {
     register_spec!("", "Exp", || unary("Exp", 6));
     register_spec!("", "Log", || unary("Log", 6));
     register_spec!("", "Sqrt", || unary("Sqrt", 6));
-    register_spec!("", "Abs", || unary("Abs", 6));
-    register_spec!("", "Neg", || unary("Neg", 6));
+    register_spec!("", "Abs", || with_ints("Abs", true));
+    register_spec!("", "Neg", || with_ints("Neg", false));
     register_spec!("", "Reciprocal", || unary("Reciprocal", 6));
     register_spec!("", "Floor", || unary("Floor", 6));
     register_spec!("", "Ceil", || unary("Ceil", 6));

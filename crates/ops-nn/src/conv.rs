@@ -131,6 +131,11 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
         bail!("input {xs:?} and weight {ws:?} do not fit group {groups}");
     }
     let kernel = ws[2..].to_vec();
+    if let Some(given) = node.attr_ints("kernel_shape")?
+        && given != kernel.as_slice()
+    {
+        bail!("kernel_shape {given:?} differs from the weight's {kernel:?}");
+    }
     let ints = |name: &str, default: i64| -> Result<Vec<i64>> {
         Ok(node.attr_ints(name)?.map(<[i64]>::to_vec).unwrap_or_else(|| vec![default; k]))
     };

@@ -23,8 +23,24 @@ fn claim_pool(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if node.attr_int("storage_order", 0)? != 0 {
         return Err(Decline::new("storage_order=1 is not supported"));
     }
-    if node.attr_ints("kernel_shape")?.is_none() {
+    let Some(kernel) = node.attr_ints("kernel_shape")? else {
         return Err(Decline::new("kernel_shape is required"));
+    };
+    if kernel.iter().any(|&k| k < 1) {
+        return Err(Decline(format!("kernel_shape {kernel:?} has a size below 1")));
+    }
+    for name in ["strides", "dilations"] {
+        if let Some(v) = node.attr_ints(name)?
+            && v.iter().any(|&x| x < 1)
+        {
+            return Err(Decline(format!("{name} {v:?} has a value below 1")));
+        }
+    }
+    // As ORT's CPU EP requires (it refuses such a node when the session is created).
+    if let Some(pads) = node.attr_ints("pads")?
+        && pads.iter().enumerate().any(|(i, &p)| p < 0 || kernel.get(i % kernel.len()).is_some_and(|&k| p >= k))
+    {
+        return Err(Decline(format!("pads {pads:?} must be non-negative and smaller than kernel_shape {kernel:?}")));
     }
     match ep_core::lowering::input_rank(node, 0) {
         Some(3..=5) => Ok(()),

@@ -71,7 +71,10 @@ fn lower_cumsum(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
 /// CumSum or CumProd along the axis input, `exclusive` and `reverse` as ONNX defines them.
 fn cumulative(ctx: &mut LowerCtx<'_>, node: &NodeInfo, product: bool) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
-    let axis = ctx.host_i64(1)?.first().copied().ok_or("axis is empty")?;
+    let axis = match ctx.host_i64(1)?[..] {
+        [a] => a,
+        ref other => bail!("the axis input must hold exactly one value, not {other:?}"),
+    };
     let axis = normalize_axis(axis, x.ndim())?;
     let exclusive = node.attr_int("exclusive", 0)? == 1;
     let reverse = node.attr_int("reverse", 0)? == 1;

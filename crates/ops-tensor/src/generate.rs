@@ -26,6 +26,7 @@ fn lower_constant_of_shape(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Ve
         None => Array::scalar_f32(0.0),
     };
     let dtype = value.dtype();
+    ep_core::lowering::check_shape(&shape, dtype)?;
     Ok(vec![ops::full(&shape, &value, dtype, ctx.stream_for(dtype))?])
 }
 
@@ -56,12 +57,18 @@ fn lower_range(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
     if delta == 0.0 {
         bail!("Range with delta 0");
     }
-    let n = ((limit - start) / delta).ceil().max(0.0) as i64;
+    // (Checked before clamping: `max` would turn a NaN into 0.)
+    let count = ((limit - start) / delta).ceil();
+    if !count.is_finite() {
+        bail!("the number of elements ({count}) of Range({start}, {limit}, {delta}) is not finite");
+    }
+    let n = count.max(0.0) as i64;
+    ep_core::lowering::check_shape(&[n], dtype)?;
     // start + i * delta, computed in the input type as ONNX does.
     let s = ctx.stream_for(dtype);
     let i = ops::astype(&ops::arange(0.0, n as f64, 1.0, Dtype::I64, s)?, dtype, s)?;
-    let delta = ops::astype(&Array::from_slice(&[delta], &[])?, dtype, ctx.cpu_stream())?;
-    let start = ops::astype(&Array::from_slice(&[start], &[])?, dtype, ctx.cpu_stream())?;
+    let delta = ops::scalar(delta, dtype, ctx.cpu_stream())?;
+    let start = ops::scalar(start, dtype, ctx.cpu_stream())?;
     Ok(vec![ops::add(&start, &ops::multiply(&i, &delta, s)?, s)?])
 }
 
@@ -121,8 +128,15 @@ fn claim_one_hot(node: &NodeInfo) -> std::result::Result<(), Decline> {
 fn lower_one_hot(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let ind = ops::astype(&ops::trunc(&ops::astype(ctx.input(0)?, Dtype::F32, s)?, s)?, Dtype::I64, s)?;
-    let depth = ctx.host_f64(1)?.first().copied().ok_or("depth is empty")? as i64;
+    let depth = ctx.host_f64(1)?.first().copied().ok_or("depth is empty")?;
+    if !(depth >= 1.0) {
+        bail!("depth {depth} is not positive");
+    }
+    let depth = depth as i64;
     let values = ctx.input(2)?;
+    let mut out = ind.shape();
+    out.push(depth);
+    ep_core::lowering::check_shape(&out, values.dtype())?;
     let r = ind.ndim();
     let axis = normalize_axis(node.attr_int("axis", -1)?, r + 1)?;
     let dim = ops::scalar(depth as f64, Dtype::I64, s)?;

@@ -72,6 +72,12 @@ fn lower_pad(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         lo[a] = pads[k];
         hi[a] = pads[k + axes.len()];
     }
+    // The padded shape, in 128 bits (pads may be anywhere in i64), checked before any host
+    // work proportional to it.
+    let padded: Vec<i64> = (0..r)
+        .map(|a| i64::try_from(i128::from(shape[a]) + i128::from(lo[a]) + i128::from(hi[a])).unwrap_or(i64::MAX))
+        .collect();
+    ep_core::lowering::check_shape(&padded, x.dtype())?;
     // Negative pads crop first.
     let start: Vec<i64> = lo.iter().map(|&p| (-p).max(0)).collect();
     let stop: Vec<i64> = shape.iter().zip(&hi).map(|(&d, &p)| d + p.min(0)).collect();
@@ -99,6 +105,10 @@ fn lower_pad(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         }
         if cropped[a] == 0 {
             bail!("cannot pad an empty axis in mode '{m}'");
+        }
+        // A reflection mirrors the axis once at most, as ORT's CPU EP requires.
+        if m == "reflect" && lo[a].max(hi[a]) >= cropped[a] {
+            bail!("reflect pads ({}, {}) on axis {a} must be smaller than its size {}", lo[a], hi[a], cropped[a]);
         }
         let idx = source_indices(cropped[a], lo[a], hi[a], m)?;
         let n = idx.len() as i64;

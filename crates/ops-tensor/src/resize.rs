@@ -294,6 +294,8 @@ fn resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo, modes: Modes<'_>) -> Result<V
     } else {
         bail!("Resize needs scales or sizes");
     }
+    // Planned on the host per output position: refuse absurd sizes before that work.
+    ep_core::lowering::check_shape(&out, x.dtype())?;
     let mode = string_attr(node, "mode", "nearest");
     let mode = if upsample && mode == "bilinear" { "linear" } else { mode };
     let extrapolation = node.attr_float("extrapolation_value", 0.0)? as f64;

@@ -12,17 +12,24 @@ fn claim_slice(node: &NodeInfo) -> std::result::Result<(), Decline> {
     Ok(())
 }
 
-/// ONNX's clamping of one axis' (start, end) for `step`, as the indices it selects.
+/// ONNX's clamping of one axis' (start, end) for `step`, as the indices it selects. Computed
+/// in 128 bits: steps and bounds anywhere in i64 (INT64_MIN included) cannot overflow.
 pub fn slice_range(dim: i64, start: i64, end: i64, step: i64) -> (i64, i64, i64) {
-    let norm = |v: i64| if v < 0 { v + dim } else { v };
-    let (s, e) = (norm(start.max(-i64::MAX)), norm(end.max(-i64::MAX)));
-    if step > 0 {
+    let (dim, step) = (i128::from(dim), i128::from(step));
+    let norm = |v: i64| {
+        let v = i128::from(v);
+        if v < 0 { v + dim } else { v }
+    };
+    let (s, e) = (norm(start), norm(end));
+    let (s, e, count) = if step > 0 {
         let (s, e) = (s.clamp(0, dim), e.clamp(0, dim));
         (s, e, ((e - s + step - 1) / step).max(0))
     } else {
         let (s, e) = (s.max(0).min(dim - 1), e.max(-1).min(dim - 1));
-        (s, e, ((s - e + (-step) - 1) / (-step)).max(0))
-    }
+        (s, e, ((s - e - step - 1) / -step).max(0))
+    };
+    // Each value lies within [-1, dim], so it fits back into i64.
+    (s as i64, e as i64, count as i64)
 }
 
 fn lower_slice(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
@@ -47,8 +54,12 @@ fn lower_slice(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let mut lo: Vec<i64> = vec![0; rank];
     let mut hi: Vec<i64> = shape.clone();
     let mut reversed = Vec::new();
+    let mut seen = vec![false; rank];
     for i in 0..starts.len() {
         let axis = normalize_axis(axes[i], rank)?;
+        if std::mem::replace(&mut seen[axis], true) {
+            bail!("axis {axis} is sliced twice (axes {axes:?})");
+        }
         let step = steps[i];
         if step == 0 {
             bail!("step 0 on axis {axis}");

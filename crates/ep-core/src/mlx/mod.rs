@@ -93,6 +93,16 @@ pub fn active_memory() -> Result<usize> {
     Ok(n)
 }
 
+/// MLX's memory limit in bytes: the most its allocator hands out before it refuses (on GPUs
+/// a share of the device's memory; 0 where the backend sets none).
+pub fn memory_limit() -> Result<usize> {
+    init();
+    let mut n = 0usize;
+    // SAFETY: writes one usize.
+    check(unsafe { mlx_sys::mlx_get_memory_limit(&mut n) })?;
+    Ok(n)
+}
+
 /// The MLX version string of the loaded libmlx.
 pub fn version() -> Result<String> {
     init();

@@ -153,7 +153,7 @@ pub fn contiguous(a: &Array, s: &Stream) -> Result<Array> {
 
 /// `a` scaled by a float constant, keeping `a`'s dtype.
 pub fn scale(a: &Array, factor: f32, s: &Stream) -> Result<Array> {
-    let f = astype(&Array::scalar_f32(factor), a.dtype(), s)?;
+    let f = scalar(f64::from(factor), a.dtype(), s)?;
     multiply(a, &f, s)
 }
 
@@ -161,7 +161,7 @@ macro_rules! with_shape {
     ($($(#[$doc:meta])* $name:ident => $raw:ident;)*) => {$(
         $(#[$doc])*
         pub fn $name(a: &Array, shape: &[i64], s: &Stream) -> Result<Array> {
-            let shape = dims(shape);
+            let shape = dims(shape)?;
             let mut out = Array::empty();
             // SAFETY: `shape` outlives the call.
             check(unsafe { mlx_sys::$raw(&mut out.0, a.0, shape.as_ptr(), shape.len(), s.0) })?;
@@ -177,13 +177,21 @@ with_shape! {
     tile => mlx_tile;
 }
 
-fn dims(v: &[i64]) -> Vec<c_int> {
-    v.iter().map(|&d| d as c_int).collect()
+/// Sizes, positions or widths for MLX, which holds them as 32-bit integers: a value outside
+/// that range is an error, never a silently truncated (wrapped) value.
+fn dims(v: &[i64]) -> Result<Vec<c_int>> {
+    v.iter()
+        .map(|&d| {
+            c_int::try_from(d).map_err(|_| {
+                super::MlxError(format!("{d} in {v:?} is outside MLX's 32-bit range of sizes and positions"))
+            })
+        })
+        .collect()
 }
 
 /// `a[start:stop]` along every axis (unit strides).
 pub fn slice(a: &Array, start: &[i64], stop: &[i64], s: &Stream) -> Result<Array> {
-    let (start, stop) = (dims(start), dims(stop));
+    let (start, stop) = (dims(start)?, dims(stop)?);
     let strides = vec![1 as c_int; start.len()];
     let mut out = Array::empty();
     // SAFETY: the index vectors outlive the call.
@@ -205,7 +213,7 @@ pub fn slice(a: &Array, start: &[i64], stop: &[i64], s: &Stream) -> Result<Array
 
 /// `src` with `src[start:stop] = update` (unit strides); `src` itself is unchanged.
 pub fn slice_update(src: &Array, update: &Array, start: &[i64], stop: &[i64], s: &Stream) -> Result<Array> {
-    let (start, stop) = (dims(start), dims(stop));
+    let (start, stop) = (dims(start)?, dims(stop)?);
     let strides = vec![1 as c_int; start.len()];
     let mut out = Array::empty();
     // SAFETY: the index vectors outlive the call.
@@ -382,7 +390,7 @@ pub fn stack(arrays: &[Array], axis: i32, s: &Stream) -> Result<Array> {
 
 /// Splits along `axis` at the given boundaries.
 pub fn split_at(a: &Array, boundaries: &[i64], axis: i32, s: &Stream) -> Result<Vec<Array>> {
-    let b = dims(boundaries);
+    let b = dims(boundaries)?;
     let mut out = super::VectorArray::new();
     // SAFETY: `b` outlives the call; `out` is a valid vector handle.
     check(unsafe { mlx_sys::mlx_split_sections(&mut out.0, a.0, b.as_ptr(), b.len(), axis as c_int, s.0) })?;
@@ -392,7 +400,7 @@ pub fn split_at(a: &Array, boundaries: &[i64], axis: i32, s: &Stream) -> Result<
 /// Pads every axis by `(low, high)` with `value` (mode `"constant"`, `"edge"` or `"reflect"`).
 pub fn pad(a: &Array, low: &[i64], high: &[i64], value: &Array, mode: &str, s: &Stream) -> Result<Array> {
     let axes: Vec<c_int> = (0..low.len() as c_int).collect();
-    let (lo, hi) = (dims(low), dims(high));
+    let (lo, hi) = (dims(low)?, dims(high)?);
     let mode = std::ffi::CString::new(mode).map_err(|_| super::MlxError("pad mode has a NUL".into()))?;
     let mut out = Array::empty();
     // SAFETY: every buffer outlives the call.
@@ -434,7 +442,7 @@ pub fn arange(start: f64, stop: f64, step: f64, dtype: Dtype, s: &Stream) -> Res
 
 /// An array of `shape` filled with the scalar `value`, as `dtype`.
 pub fn full(shape: &[i64], value: &Array, dtype: Dtype, s: &Stream) -> Result<Array> {
-    let shape = dims(shape);
+    let shape = dims(shape)?;
     let mut out = Array::empty();
     // SAFETY: `shape` outlives the call.
     check(unsafe { mlx_sys::mlx_full(&mut out.0, shape.as_ptr(), shape.len(), value.0, dtype.to_raw(), s.0) })?;
@@ -456,7 +464,8 @@ pub fn conv_general(
     flip: bool,
     s: &Stream,
 ) -> Result<Array> {
-    let (st, lo, hi, kd, id) = (dims(stride), dims(pad_lo), dims(pad_hi), dims(kernel_dilation), dims(input_dilation));
+    let (st, lo, hi, kd, id) =
+        (dims(stride)?, dims(pad_lo)?, dims(pad_hi)?, dims(kernel_dilation)?, dims(input_dilation)?);
     let mut out = Array::empty();
     // SAFETY: every buffer outlives the call.
     check(unsafe {
@@ -519,18 +528,73 @@ pub fn scatter(
     Ok(out)
 }
 
-/// A scalar of `dtype` holding `v` (integers exactly, up to 2^53).
+/// A scalar of `dtype` holding `v` (integers exactly, up to 2^53; floats rounded to `dtype`
+/// and kept exact inside compiled kernels, see [`exact_float`]).
 pub fn scalar(v: f64, dtype: Dtype, s: &Stream) -> Result<Array> {
-    let a = if dtype.is_float() && dtype != Dtype::F64 {
-        Array::scalar_f32(v as f32)
-    } else if dtype == Dtype::F64 {
-        Array::from_slice(&[v], &[])?
+    let a = if dtype == Dtype::F64 {
+        exact_float(v, Dtype::F64, &[], s)?
+    } else if dtype.is_float() {
+        exact_float(f64::from(v as f32), Dtype::F32, &[], s)?
     } else if dtype == Dtype::U64 {
         Array::from_slice(&[v as u64], &[])?
     } else {
         Array::from_slice(&[v as i64], &[])?
     };
     astype(&a, dtype, s)
+}
+
+/// Whether a float constant survives MLX's compiled kernels, which write each scalar constant
+/// into the generated source with `digits10 + 1` significant digits (7 for float32, 16 for
+/// float64; MLX 0.32.2) and so read back a neighbouring value for many constants (ln 16 came
+/// back one ulp low): `v`, printed that way and parsed as the kernel's compiler parses it.
+pub fn survives_kernel_source(v: f64, dtype: Dtype) -> bool {
+    if !v.is_finite() {
+        return true; // written as INFINITY / NAN
+    }
+    match dtype {
+        Dtype::F64 => format!("{v:.15e}").parse::<f64>().is_ok_and(|p| p == v),
+        _ => format!("{:.6e}", v as f32).parse::<f64>().is_ok_and(|p| p as f32 == v as f32),
+    }
+}
+
+/// A float32 or float64 array of `shape` (one element) holding `v` exactly, also inside a
+/// compiled kernel: a value that would not survive the kernel's source text (see
+/// [`survives_kernel_source`]) is built as `m * 2^e` from integer constants, which the source
+/// holds exactly, in a few fused elementwise operations.
+pub fn exact_float(v: f64, dtype: Dtype, shape: &[i64], s: &Stream) -> Result<Array> {
+    if dtype == Dtype::F64 {
+        if survives_kernel_source(v, dtype) {
+            return Array::from_slice(&[v], shape);
+        }
+    } else {
+        let v = v as f32;
+        if survives_kernel_source(f64::from(v), Dtype::F32) {
+            return Array::from_slice(&[v], shape);
+        }
+    }
+    // v = m * 2^e with an odd integer m of at most 53 bits.
+    let bits = v.to_bits();
+    let (negative, exponent, fraction) = (bits >> 63 == 1, ((bits >> 52) & 0x7ff) as i32, bits & ((1 << 52) - 1));
+    let (mut m, mut e) =
+        if exponent == 0 { (fraction as i64, -1074) } else { ((fraction | 1 << 52) as i64, exponent - 1075) };
+    let zeros = m.trailing_zeros().min(63) as i32;
+    m >>= zeros;
+    e += zeros;
+    let m = if negative { -m } else { m };
+    // float32 needs 24 bits: an int32 constant, which every backend computes with.
+    let m = match i32::try_from(m) {
+        Ok(m) if dtype == Dtype::F32 => Array::from_slice(&[m], shape)?,
+        _ => Array::from_slice(&[m], shape)?,
+    };
+    let mut a = astype(&m, dtype, s)?;
+    // Powers of two scale exactly; steps of at most 2^30 keep each factor an exact int32.
+    while e != 0 {
+        let k = e.abs().min(30);
+        let factor = astype(&Array::from_slice(&[1i32 << k], shape)?, dtype, s)?;
+        a = if e > 0 { multiply(&a, &factor, s)? } else { divide(&a, &factor, s)? };
+        e -= k * e.signum();
+    }
+    Ok(a)
 }
 
 /// The array's shape as a 1-D int64 array (a constant: not a tracer inside a compiled trace).
