@@ -2,7 +2,7 @@
 //! workspace build, `cargo test --workspace`, the property suite at a bounded case count, the
 //! ONNX node tests and model suites (no test on the committed
 //! passing list may fail), then the Python checks against the wheel's ORT (the plugin, the
-//! installed wheel, bad input).
+//! installed wheel, bad input, concurrency, quantized transformers).
 
 use crate::setup;
 use crate::util::{self, Result, step};
@@ -42,12 +42,18 @@ pub fn run(args: &[String]) -> Result {
             .arg(util::root().join("python/check_plugin.py"))
             .env("ORT_MLX_EP_LIB", util::plugin_path("debug")),
     )?;
-    step("Bad input: out-of-range indices fail the run with an error, each case in a child process");
-    util::run(
-        Command::new(util::venv_python())
-            .arg(util::root().join("python/check_bad_input.py"))
-            .env("ORT_MLX_EP_LIB", util::plugin_path("debug")),
-    )?;
+    for (what, script) in [
+        ("Bad input: every case in a child process, errors as the CPU EP raises them", "check_bad_input.py"),
+        ("Concurrent runs: one session on 4 threads, 4 sessions, churn", "check_concurrency.py"),
+        ("Dynamically quantized T5/BERT models against the CPU EP", "check_quantized_models.py"),
+    ] {
+        step(what);
+        util::run(
+            Command::new(util::venv_python())
+                .arg(util::root().join("python").join(script))
+                .env("ORT_MLX_EP_LIB", util::plugin_path("debug")),
+        )?;
+    }
     Ok(())
 }
 

@@ -49,7 +49,13 @@ impl Lowering for Binary {
 
     fn lower(&self, ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         let a = ctx.input(0)?;
-        Ok(vec![(self.f)(a, ctx.input(1)?, node, ctx.stream_for(a.dtype()))?])
+        let s = ctx.stream_for(a.dtype());
+        if self.op == "Pow"
+            && let Some(y) = pow_by_products(a, ctx.input(1)?, ctx.is_constant(1), s)?
+        {
+            return Ok(vec![y]);
+        }
+        Ok(vec![(self.f)(a, ctx.input(1)?, node, s)?])
     }
 
     fn compile_safety(&self) -> CompileSafety {
@@ -91,6 +97,36 @@ fn div(a: &Array, b: &Array, _: &NodeInfo, s: &Stream) -> Result<Array> {
 }
 
 /// `a ^ b` in `a`'s type (the exponent may have another type from opset 12).
+/// `a * a` or `a * a * a` for a constant float32/float64 exponent of exactly 2 or 3, as ORT's
+/// CPU EP computes them (`pow` can differ from the products by an ulp); `None` otherwise.
+fn pow_by_products(a: &Array, b: &Array, constant: bool, s: &Stream) -> Result<Option<Array>> {
+    if !constant || b.size() != 1 || !matches!(a.dtype(), Dtype::F32 | Dtype::F64) {
+        return Ok(None);
+    }
+    let Some(bytes) = b.host_bytes() else { return Ok(None) };
+    let e = match b.dtype() {
+        Dtype::F32 => f64::from(f32::from_le_bytes(bytes[..4].try_into().expect("one float32"))),
+        Dtype::F64 => f64::from_le_bytes(bytes[..8].try_into().expect("one float64")),
+        Dtype::I32 => f64::from(i32::from_le_bytes(bytes[..4].try_into().expect("one int32"))),
+        Dtype::I64 => i64::from_le_bytes(bytes[..8].try_into().expect("one int64")) as f64,
+        _ => return Ok(None),
+    };
+    // The one-element exponent's rank still counts (a [1, 1] exponent gives a rank-2
+    // result): broadcast against a one of its shape, exactly and shapeless-safe.
+    let lift = |y: Array| -> Result<Array> {
+        if b.ndim() <= y.ndim() {
+            return Ok(y);
+        }
+        let one = ops::astype(&Array::from_slice(&[1.0f32], &b.shape())?, a.dtype(), s)?;
+        Ok(ops::multiply(&y, &one, s)?)
+    };
+    Ok(match e {
+        2.0 => Some(lift(ops::multiply(a, a, s)?)?),
+        3.0 => Some(lift(ops::multiply(&ops::multiply(a, a, s)?, a, s)?)?),
+        _ => None,
+    })
+}
+
 fn pow(a: &Array, b: &Array, _: &NodeInfo, s: &Stream) -> Result<Array> {
     if a.dtype() == Dtype::F16 || a.dtype() == Dtype::BF16 {
         let y = ops::power(&ops::astype(a, Dtype::F32, s)?, &ops::astype(b, Dtype::F32, s)?, s)?;
@@ -237,13 +273,21 @@ mod spec {
     register_spec!("", "Mul", || binary("Mul", 7, arith_dtype(), None, false));
     register_spec!("", "Div", || binary("Div", 7, arith_dtype(), None, true));
     register_spec!("", "Pow", || {
-        (float_dtype(), broadcast_pair(0..=3), opset(7..=22), seed())
-            .prop_map(|(t, (a, b, y), v, seed)| {
-                Case::op("Pow", v)
-                    .input_with("a", t, &a, Values::Uniform { lo: 0.0, hi: 3.0 })
-                    .input_with("b", t, &b, Values::Uniform { lo: -2.0, hi: 3.0 })
-                    .output("y", t, &y)
-                    .with_seed(seed)
+        (float_dtype(), broadcast_pair(0..=3), opset(7..=22), 0..4u8, seed())
+            .prop_map(|(t, (a, b, y), v, exponent, seed)| {
+                let case = Case::op("Pow", v).input_with("a", t, &a, Values::Uniform { lo: -3.0, hi: 3.0 });
+                match exponent {
+                    // A constant 2 or 3 (squares and cubes, as ORT computes them), of rank 0..=2.
+                    2 | 3 => {
+                        let rank = (seed % 3) as usize;
+                        let mut out = vec![1; rank.saturating_sub(a.len())];
+                        out.extend(&a);
+                        case.constant("b", t, &vec![1; rank], Values::Data(vec![f64::from(exponent)]))
+                            .output("y", t, &out)
+                    }
+                    _ => case.input_with("b", t, &b, Values::Uniform { lo: -2.0, hi: 3.0 }).output("y", t, &y),
+                }
+                .with_seed(seed)
             })
             .boxed()
     });

@@ -186,10 +186,13 @@ fn lower_dynamic(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>>
         Some(&ops::scalar(255.0, Dtype::F32, s)?),
         s,
     )?;
-    // An all-zero input has scale 0: everything quantizes to the zero point 0.
+    // An all-zero input has scale 0: everything quantizes to the zero point 0, and the scale
+    // reported is 1, as ORT's CPU EP reports it.
     let zp = ops::where_(&ops::isnan(&zp, s)?, &zero, &zp, s)?;
     let y = quantize(x, &scale, Some(&zp), Dtype::U8, range(Dtype::U8)?, s)?;
-    let y = ops::where_(&ops::equal(&scale, &zero, s)?, &ops::astype(&zp, Dtype::U8, s)?, &y, s)?;
+    let degenerate = ops::equal(&scale, &zero, s)?;
+    let y = ops::where_(&degenerate, &ops::astype(&zp, Dtype::U8, s)?, &y, s)?;
+    let scale = ops::where_(&degenerate, &ops::scalar(1.0, Dtype::F32, s)?, &scale, s)?;
     Ok(vec![y, scale, ops::astype(&zp, Dtype::U8, s)?])
 }
 
@@ -432,10 +435,14 @@ mod spec {
     });
 
     register_spec!("", "DynamicQuantizeLinear", || {
-        (nonempty_shape(1..=3), any::<bool>(), seed())
-            .prop_map(|(shape, positive, seed)| {
-                let values =
-                    if positive { Values::Uniform { lo: 0.0, hi: 5.0 } } else { Values::Uniform { lo: -3.0, hi: 2.0 } };
+        (nonempty_shape(1..=3), 0..3u8, seed())
+            .prop_map(|(shape, kind, seed)| {
+                // Positive, mixed, or all zero (scale 0 before ORT's fallback to 1).
+                let values = match kind {
+                    0 => Values::Uniform { lo: 0.0, hi: 5.0 },
+                    1 => Values::Uniform { lo: -3.0, hi: 2.0 },
+                    _ => Values::Uniform { lo: 0.0, hi: 0.0 },
+                };
                 Case::op("DynamicQuantizeLinear", 11)
                     .input_with("x", DType::F32, &shape, values)
                     .output("y", DType::U8, &shape)

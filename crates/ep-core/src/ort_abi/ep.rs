@@ -59,7 +59,7 @@ impl Ep {
                 CreateSyncStreamForDevice: None,
                 GetCompiledModelCompatibilityInfo: Some(compatibility_info),
                 GetKernelRegistry: None,
-                IsConcurrentRunSupported: None,
+                IsConcurrentRunSupported: Some(concurrent_run_supported),
             },
             claim_debug: env_flag("ONNXRUNTIME_EP_MLX_CLAIM_DEBUG"),
             verbose: env_flag("ONNXRUNTIME_EP_MLX_VERBOSE"),
@@ -67,6 +67,18 @@ impl Ep {
             stats: Arc::new(SessionStats::with_tracer(crate::trace::Tracer::from_env())),
         }))
     }
+}
+
+/// Runs of one session from several threads are supported: every partition run holds the
+/// process-wide MLX lock (`mlx::lock`) from copy-in to copy-out, so MLX sees one run at a
+/// time, and a plan's caches are behind their own locks.
+unsafe extern "system" fn concurrent_run_supported(_this: *mut OrtEp, is_supported: *mut bool) -> OrtStatusPtr {
+    guard("IsConcurrentRunSupported", || {
+        non_null(is_supported, "is_supported")?;
+        // SAFETY: checked non-null above; ORT passes a writable bool.
+        unsafe { *is_supported = true };
+        Ok(())
+    })
 }
 
 unsafe extern "system" fn get_name(_this: *const OrtEp) -> *const c_char {
