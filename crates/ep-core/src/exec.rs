@@ -205,117 +205,53 @@ impl Translation {
     }
 
     /// Whether the decode slot may replay one shapeless trace of this partition while the
-    /// input dimensions marked in `growing` change: every value that carries a growing
-    /// dimension must reach only nodes that handle it shape-agnostically. The rules: an
-    /// elementwise (shapeless) lowering passes the growing axes on; a reduction over all of
-    /// them absorbs them; GroupQueryAttention takes a growing cache length on past_key and
-    /// past_value (present then grows too) and reads `total_sequence_length` only to tell a
-    /// growing cache from a static one; a Shape of a growing value may reach only that input,
-    /// through Gather, Cast, Squeeze, Unsqueeze, Reshape or Identity. Anything else refuses,
-    /// naming the node.
+    /// input dimensions marked in `growing` change: each node whose inputs grow is asked how
+    /// its outputs grow ([`Lowering::growth`]), in order; a refusal names the node.
     fn decode_check(&self, growing: &[Vec<bool>]) -> std::result::Result<(), String> {
-        #[derive(Clone, PartialEq)]
-        enum Taint {
-            /// The value's dimensions at these axes grow.
-            Axes(Vec<usize>),
-            /// The value holds sizes of a growing dimension, baked into the trace.
-            BakedSize,
-        }
-        let mut values: HashMap<usize, Taint> = HashMap::new();
-        let input_taint = |i: usize| -> Option<Taint> {
+        use crate::growth::{Growth, GrowthQuery};
+        let mut values: HashMap<usize, Growth> = HashMap::new();
+        let input_growth = |i: usize| -> Option<Growth> {
             let axes: Vec<usize> = growing.get(i)?.iter().enumerate().filter(|(_, g)| **g).map(|(a, _)| a).collect();
-            (!axes.is_empty()).then_some(Taint::Axes(axes))
+            (!axes.is_empty()).then_some(Growth::Axes(axes))
         };
         for node in &self.nodes {
-            let info = &node.info;
-            let taints: Vec<(usize, Taint)> = node
+            let inputs: Vec<Option<Growth>> = node
                 .inputs
                 .iter()
-                .enumerate()
-                .filter_map(|(k, src)| {
-                    let t = match *src {
-                        Source::Input(i) => input_taint(i),
-                        Source::Value(v) => values.get(&v).cloned(),
-                        _ => None,
-                    };
-                    t.map(|t| (k, t))
+                .map(|src| match *src {
+                    Source::Input(i) => input_growth(i),
+                    Source::Value(v) => values.get(&v).cloned(),
+                    _ => None,
                 })
                 .collect();
-            if taints.is_empty() {
+            if inputs.iter().all(Option::is_none) {
                 continue;
             }
-            let refuse = |why: &str| Err(format!("node '{}' ({}) {why}", info.name, info.qualified_op()));
-            let op = info.qualified_op();
-            let mut out: Option<Taint> = None;
-            if op == "com.microsoft:GroupQueryAttention" {
-                let fine = |(k, t): &(usize, Taint)| match t {
-                    Taint::Axes(a) => matches!(k, 3 | 4) && *a == [2],
-                    Taint::BakedSize => *k == 6,
-                };
-                if !taints.iter().all(fine) {
-                    return refuse("takes a growing dimension other than the KV cache length");
+            let constants = |k: usize| -> Option<Vec<i64>> {
+                let Some(Source::Constant(c)) = node.inputs.get(k).copied() else { return None };
+                let a = &self.constants[c].1;
+                let bytes = a.host_bytes()?;
+                match a.dtype() {
+                    Dtype::I64 => Some(
+                        bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect(),
+                    ),
+                    Dtype::I32 => Some(
+                        bytes
+                            .chunks_exact(4)
+                            .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as i64)
+                            .collect(),
+                    ),
+                    _ => None,
                 }
-                if taints.iter().any(|(k, _)| *k == 3) {
-                    for o in node.outputs.iter().skip(1).flatten() {
-                        values.insert(*o, Taint::Axes(vec![2]));
-                    }
-                }
-                continue;
-            } else if taints.iter().all(|(_, t)| *t == Taint::BakedSize) {
-                match op.as_str() {
-                    "Gather" | "Cast" | "Squeeze" | "Unsqueeze" | "Reshape" | "Identity" => {
-                        out = Some(Taint::BakedSize)
-                    }
-                    _ => return refuse("reads the size of a growing dimension as a value"),
-                }
-            } else if taints.iter().any(|(_, t)| *t == Taint::BakedSize) {
-                return refuse("mixes growing sizes and growing tensors");
-            } else if op == "Shape" {
-                out = Some(Taint::BakedSize);
-            } else if matches!(
-                op.as_str(),
-                "ReduceSum"
-                    | "ReduceMax"
-                    | "ReduceMin"
-                    | "ReduceProd"
-                    | "ReduceMean"
-                    | "ReduceL1"
-                    | "ReduceL2"
-                    | "ReduceSumSquare"
-                    | "ReduceLogSum"
-                    | "ReduceLogSumExp"
-            ) {
-                // (MLX computes a mean's element count when evaluated, not when traced.)
-                let mut axes: Vec<i64> = info.attr_ints("axes").ok().flatten().map(<[i64]>::to_vec).unwrap_or_default();
-                if let Some(Source::Constant(c)) = node.inputs.get(1).copied()
-                    && let Some(bytes) = self.constants[c].1.host_bytes()
-                {
-                    axes.extend(bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))));
-                }
-                let rank = info.input(0).and_then(crate::graph::ValueInfo::rank).unwrap_or(0) as i64;
-                let reduced: Vec<usize> = axes.iter().map(|&a| if a < 0 { a + rank } else { a } as usize).collect();
-                let covered = taints
-                    .iter()
-                    .all(|(k, t)| *k == 0 && matches!(t, Taint::Axes(a) if a.iter().all(|x| reduced.contains(x))));
-                if axes.is_empty() || !covered {
-                    return refuse("reduces over axes other than the growing ones");
-                }
-            } else if node.lowering.compile_safety() == CompileSafety::Shapeless {
-                let mut axes: Vec<usize> = Vec::new();
-                for (_, t) in &taints {
-                    if let Taint::Axes(a) = t {
-                        axes.extend(a);
-                    }
-                }
-                axes.sort_unstable();
-                axes.dedup();
-                out = Some(Taint::Axes(axes));
-            } else {
-                return refuse("reads a growing dimension and declares no shape-agnostic form");
-            }
-            if let Some(t) = out {
-                for o in node.outputs.iter().flatten() {
-                    values.insert(*o, t.clone());
+            };
+            let query = GrowthQuery { node: &node.info, inputs: &inputs, constants: &constants };
+            let outputs = node
+                .lowering
+                .growth(&query)
+                .map_err(|why| format!("node '{}' ({}) {why}", node.info.name, node.info.qualified_op()))?;
+            for (slot, g) in node.outputs.iter().zip(outputs) {
+                if let (Some(slot), Some(g)) = (slot, g) {
+                    values.insert(*slot, g);
                 }
             }
         }
@@ -509,6 +445,25 @@ pub struct RunOutputs {
     pub outputs: Vec<Array>,
     /// Outputs that are inputs with some rows changed, evaluated and row-contiguous.
     pub write_backs: Vec<WriteBack>,
+}
+
+/// Runs `attempt` again while it fails because MLX found a compiled kernel's shared library
+/// half written: MLX 0.32.2 compiles CPU kernels into a cache shared by every process of the
+/// machine, writing the library in place, so a second process that needs the same kernel at
+/// the same moment can load a file still being written. The writer finishes within seconds;
+/// without the retry the partition would fall back to eager runs for good.
+fn jit_retry<T>(mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+    const WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+    let mut tries = 0;
+    loop {
+        match attempt() {
+            Err(e) if e.0.contains("Could not load C++ shared library") && tries < 300 => {
+                tries += 1;
+                std::thread::sleep(WAIT);
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Refuses node results larger than MLX's memory limit, before anything is allocated: such a
@@ -779,7 +734,7 @@ impl Plan {
             && !empty
             && let Some(key) = self.decode_key(&inputs)
         {
-            match self.run_decode(&inputs, key) {
+            match jit_retry(|| self.run_decode(&inputs, key.clone())) {
                 Ok(Applied::Ran(run)) => return Ok(run),
                 Ok(Applied::Invalid(e)) => return Err(e),
                 // A guard failed: this run takes the exact shape-keyed path.
@@ -790,7 +745,7 @@ impl Plan {
             }
         }
         if !matches!(mode, Mode::Eager(_)) && !empty {
-            match self.run_compiled(&inputs, &mode) {
+            match jit_retry(|| self.run_compiled(&inputs, &mode)) {
                 Ok(Applied::Ran(run)) => return Ok(run),
                 Ok(Applied::Invalid(e)) => return Err(e),
                 Ok(Applied::GuardMiss) => {
@@ -1113,12 +1068,27 @@ mod tests {
         },
     };
 
-    /// A shape-keyed reduction over axis 1 (reads the traced shape to drop the axis).
-    static REDUCE_SUM: TestLowering = TestLowering {
-        op: "ReduceSum",
-        safety: CompileSafety::ShapeKeyed,
-        lower: |ctx, _| Ok(vec![mlx::ops::sum_axes(ctx.input(0)?, &[1], false, ctx.stream())?]),
-    };
+    /// A shape-keyed reduction over axis 1 (reads the traced shape to drop the axis), which
+    /// tells the decode slot it absorbs a growing axis 1.
+    struct SumAxis1;
+    impl Lowering for SumAxis1 {
+        fn op_type(&self) -> &'static str {
+            "ReduceSum"
+        }
+        fn opsets(&self) -> std::ops::RangeInclusive<i32> {
+            1..=i32::MAX
+        }
+        fn claim(&self, _: &NodeInfo) -> std::result::Result<(), Decline> {
+            Ok(())
+        }
+        fn lower(&self, ctx: &mut LowerCtx<'_>, _: &NodeInfo) -> Result<Vec<Array>> {
+            Ok(vec![mlx::ops::sum_axes(ctx.input(0)?, &[1], false, ctx.stream())?])
+        }
+        fn growth(&self, q: &crate::growth::GrowthQuery<'_>) -> crate::growth::GrowthResult {
+            crate::growth::reduction(q, &[1], 2)
+        }
+    }
+    static REDUCE_SUM: SumAxis1 = SumAxis1;
 
     /// A shape-keyed op that reads its input's length into a constant (an arange of it).
     static ADD_POSITIONS: TestLowering = TestLowering {
@@ -1596,12 +1566,12 @@ mod tests {
     }
 
     /// `x [1, T]` -> `op` -> `y`, with `T` growing by one per run.
-    fn growing_runs(lowering: &'static TestLowering, axes: bool) -> (Vec<Vec<f32>>, Arc<SessionStats>, Plan) {
+    fn growing_runs(lowering: &'static dyn Lowering, axes: bool) -> (Vec<Vec<f32>>, Arc<SessionStats>, Plan) {
         let registry = Registry::build(&[lowering, &MUL]).unwrap();
         let stats = Arc::new(SessionStats::default());
         let mut first = node("Mul", ["x", "x"], "sq");
         first.name = "square".into();
-        let mut n = node(lowering.op, ["sq", "sq"], "y");
+        let mut n = node(lowering.op_type(), ["sq", "sq"], "y");
         n.inputs.truncate(1);
         if axes {
             n.attributes.insert("axes".into(), crate::graph::AttrValue::Ints(vec![1]));

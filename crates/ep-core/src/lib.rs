@@ -5,6 +5,7 @@
 //!   it supports and registers it with [`register_lowering!`]; nothing else is needed.
 //! - [`registry`]: the index of registered lowerings, built once.
 //! - [`graph`]: a safe, owned description of the ONNX graph ORT hands the EP.
+//! - [`growth`]: how a lowering answers the decode slot (inputs that grow between runs).
 //! - [`partition`]: which claimed nodes are fused together.
 //! - [`exec`]: the compiled form of one partition and how it runs.
 //! - `ort_abi`: the ORT plugin C ABI (factory, EP, compute callbacks); the only other home of
@@ -14,6 +15,7 @@ pub mod error;
 pub mod exec;
 mod export;
 pub mod graph;
+pub mod growth;
 pub mod lowering;
 pub mod mlx;
 pub mod partition;

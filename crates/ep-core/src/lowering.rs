@@ -25,6 +25,7 @@
 
 use crate::graph::ValueInfo;
 use crate::graph::{ElemType, NodeInfo};
+use crate::growth::{GrowthQuery, GrowthResult};
 use crate::mlx::{Array, Stream};
 use crate::{Error, Result};
 use std::ops::RangeInclusive;
@@ -88,6 +89,13 @@ pub trait Lowering: Sync + 'static {
         CompileSafety::ShapeKeyed
     }
 
+    /// How the node's outputs grow when some of its inputs grow from run to run: the decode
+    /// slot replays one shapeless trace across such runs only if every node answers. The
+    /// default follows [`Self::compile_safety`] (see [`crate::growth::by_safety`]).
+    fn growth(&self, query: &GrowthQuery<'_>) -> GrowthResult {
+        crate::growth::by_safety(self.compile_safety(), query)
+    }
+
     /// A name for diagnostics (the implementing type by default).
     fn name(&self) -> &'static str {
         std::any::type_name::<Self>()
@@ -100,6 +108,7 @@ pub trait Lowering: Sync + 'static {
 /// ep_core::register_lowering!(RESHAPE = FnLowering {
 ///     domain: "", op: "Reshape", opsets: 5..=i32::MAX,
 ///     claim: claim_reshape, lower: lower_reshape, safety: CompileSafety::ShapeKeyed,
+///     growth: None,
 /// });
 /// ```
 pub struct FnLowering {
@@ -109,6 +118,8 @@ pub struct FnLowering {
     pub claim: fn(&NodeInfo) -> std::result::Result<(), Decline>,
     pub lower: fn(&mut LowerCtx<'_>, &NodeInfo) -> Result<Vec<Array>>,
     pub safety: CompileSafety,
+    /// The answer to [`Lowering::growth`]; `None`: the default for `safety`.
+    pub growth: Option<fn(&GrowthQuery<'_>) -> GrowthResult>,
 }
 
 impl Lowering for FnLowering {
@@ -134,6 +145,13 @@ impl Lowering for FnLowering {
 
     fn compile_safety(&self) -> CompileSafety {
         self.safety
+    }
+
+    fn growth(&self, query: &GrowthQuery<'_>) -> GrowthResult {
+        match self.growth {
+            Some(f) => f(query),
+            None => crate::growth::by_safety(self.safety, query),
+        }
     }
 
     fn name(&self) -> &'static str {

@@ -160,6 +160,7 @@ ep_core::register_lowering!(
         claim: claim_attention,
         lower: lower_attention,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

@@ -337,8 +337,26 @@ ep_core::register_lowering!(
         claim,
         lower,
         safety: CompileSafety::ShapeKeyed,
+        growth: Some(growth),
     }
 );
+
+/// The decode slot: a cache growing along its length (axis 2 of past_key and past_value)
+/// grows present_key and present_value the same way (the attention itself is MLX's fused,
+/// shape-agnostic kernel); `total_sequence_length` (input 6) may hold a growing size, which
+/// is read only to tell a growing cache from a static one. Anything else growing refuses.
+fn growth(q: &ep_core::growth::GrowthQuery<'_>) -> ep_core::growth::GrowthResult {
+    use ep_core::growth::Growth;
+    let fine = |(k, g): (usize, &Growth)| match g {
+        Growth::Axes(a) => matches!(k, 3 | 4) && *a == [2],
+        Growth::Size => k == 6,
+    };
+    if !q.growing().all(fine) {
+        return Err("takes a growing dimension other than the KV cache length".into());
+    }
+    let cache_grows = q.growing().any(|(k, _)| k == 3);
+    Ok((0..q.node.outputs.len()).map(|o| (cache_grows && o > 0).then(|| Growth::Axes(vec![2]))).collect())
+}
 
 #[cfg(feature = "conformance")]
 mod spec {

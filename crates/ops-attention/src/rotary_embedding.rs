@@ -118,6 +118,7 @@ ep_core::register_lowering!(
         claim: claim_ms,
         lower: lower_ms,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -129,6 +130,7 @@ ep_core::register_lowering!(
         claim: claim_onnx,
         lower: lower_onnx,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

@@ -158,6 +158,7 @@ macro_rules! activation {
             claim: $claim,
             lower: |ctx, node| unary(ctx, node, $f),
             safety: CompileSafety::Shapeless,
+            growth: None,
         });
     )*};
 }
@@ -197,6 +198,7 @@ ep_core::register_lowering!(
         claim: claim_prelu,
         lower: lower_prelu,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -219,6 +221,7 @@ ep_core::register_lowering!(
         claim: claim_floats,
         lower: lower_biased,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -230,6 +233,7 @@ ep_core::register_lowering!(
         claim: claim_floats,
         lower: lower_biased,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 

@@ -51,6 +51,7 @@ ep_core::register_lowering!(
         claim: claim_cast,
         lower: lower_cast,
         safety: CompileSafety::Shapeless,
+        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::Shapeless, q)),
     }
 );
 
@@ -74,6 +75,7 @@ ep_core::register_lowering!(
         claim: claim_cast_like,
         lower: lower_cast_like,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -97,6 +99,7 @@ ep_core::register_lowering!(
         claim: claim_float_predicate,
         lower: lower_isnan,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -123,6 +126,7 @@ ep_core::register_lowering!(
         claim: claim_float_predicate,
         lower: lower_isinf,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -143,6 +147,7 @@ ep_core::register_lowering!(
         claim: claim_not,
         lower: lower_not,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -163,6 +168,7 @@ ep_core::register_lowering!(
         claim: claim_bitwise_not,
         lower: lower_bitwise_not,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 

@@ -24,6 +24,7 @@ ep_core::register_lowering!(
         claim: claim_where,
         lower: lower_where,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -92,6 +93,7 @@ ep_core::register_lowering!(
         claim: claim_clip,
         lower: lower_clip,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 

@@ -109,6 +109,7 @@ ep_core::register_lowering!(
         claim: claim_conv,
         lower: lower_conv,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -237,6 +238,7 @@ ep_core::register_lowering!(
         claim: claim_conv_transpose,
         lower: lower_conv_transpose,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

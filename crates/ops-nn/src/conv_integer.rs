@@ -163,6 +163,7 @@ ep_core::register_lowering!(
         claim: claim_conv_integer,
         lower: lower_conv_integer,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -174,6 +175,7 @@ ep_core::register_lowering!(
         claim: claim_qlinear_conv,
         lower: lower_qlinear_conv,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

@@ -42,6 +42,7 @@ ep_core::register_lowering!(
         claim: claim_dropout,
         lower: lower_dropout,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

@@ -46,6 +46,7 @@ ep_core::register_lowering!(
         claim: claim_einsum,
         lower: lower_einsum,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -87,6 +88,7 @@ ep_core::register_lowering!(
         claim: claim_fused_matmul,
         lower: lower_fused_matmul,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 

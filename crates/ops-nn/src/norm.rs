@@ -65,6 +65,7 @@ ep_core::register_lowering!(
         claim: claim_layer_norm,
         lower: lower_layer_norm,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -128,6 +129,7 @@ ep_core::register_lowering!(
         claim: claim_rms_norm,
         lower: lower_rms_norm,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -150,6 +152,7 @@ ep_core::register_lowering!(
         claim: claim_rms_norm,
         lower: lower_simplified_norm,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -189,6 +192,7 @@ ep_core::register_lowering!(
         claim: claim_skip_simplified_norm,
         lower: lower_skip_simplified_norm,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -228,6 +232,7 @@ ep_core::register_lowering!(
         claim: claim_skip_layer_norm,
         lower: lower_skip_layer_norm,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -276,6 +281,7 @@ ep_core::register_lowering!(
         claim: claim_batch_norm,
         lower: lower_batch_norm,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -310,6 +316,7 @@ ep_core::register_lowering!(
         claim: claim_instance_norm,
         lower: lower_instance_norm,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -351,6 +358,7 @@ ep_core::register_lowering!(
         claim: claim_instance_norm,
         lower: lower_group_norm,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -385,6 +393,7 @@ ep_core::register_lowering!(
         claim: claim_mvn,
         lower: lower_mvn,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -421,6 +430,7 @@ ep_core::register_lowering!(
         claim: claim_lp_norm,
         lower: lower_lp_norm,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 

@@ -108,6 +108,7 @@ macro_rules! pools {
             claim: claim_pool,
             lower: |ctx, node| pool(ctx, node, $kind),
             safety: CompileSafety::ShapeKeyed,
+            growth: None,
         });
     )*};
 }
@@ -154,6 +155,7 @@ macro_rules! globals {
             claim: claim_global,
             lower: |ctx, node| global(ctx, node, $kind),
             safety: CompileSafety::Shapeless,
+            growth: None,
         });
     )*};
 }

@@ -126,8 +126,18 @@ macro_rules! reductions {
             claim,
             lower: |ctx, node| reduce(ctx, node, $kind),
             safety: CompileSafety::ShapeKeyed,
+            growth: Some(growth),
         });
     )*};
+}
+
+/// A reduction absorbs growing axes it covers (MLX evaluates a mean's count when the graph
+/// runs, not when it is traced); the axes come from the attribute or a constant input.
+fn growth(q: &ep_core::growth::GrowthQuery<'_>) -> ep_core::growth::GrowthResult {
+    let mut axes: Vec<i64> = q.node.attr_ints("axes").ok().flatten().map(<[i64]>::to_vec).unwrap_or_default();
+    axes.extend(q.constant_i64(1).unwrap_or_default());
+    let rank = q.node.input(0).and_then(ep_core::ValueInfo::rank).unwrap_or(0);
+    ep_core::growth::reduction(q, &axes, rank)
 }
 
 reductions! {

@@ -119,6 +119,7 @@ ep_core::register_lowering!(
         claim,
         lower,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

@@ -213,6 +213,7 @@ ep_core::register_lowering!(
         claim,
         lower,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

@@ -312,6 +312,7 @@ ep_core::register_lowering!(
         claim: claim_dequantize,
         lower: lower_dequantize,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -323,6 +324,7 @@ ep_core::register_lowering!(
         claim: claim_quantize,
         lower: lower_quantize,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -334,6 +336,7 @@ ep_core::register_lowering!(
         claim: claim_dynamic,
         lower: lower_dynamic,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -345,6 +348,7 @@ ep_core::register_lowering!(
         claim: claim_matmul_integer,
         lower: lower_matmul_integer,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -356,6 +360,7 @@ ep_core::register_lowering!(
         claim: claim_qlinear_matmul,
         lower: lower_qlinear_matmul,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

@@ -44,6 +44,7 @@ ep_core::register_lowering!(
         claim: claim_trilu,
         lower: lower_trilu,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -91,6 +92,7 @@ ep_core::register_lowering!(
         claim: claim_cumsum,
         lower: lower_cumsum,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -102,6 +104,7 @@ ep_core::register_lowering!(
         claim: claim_cumsum,
         lower: |ctx, node| cumulative(ctx, node, true),
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -141,6 +144,7 @@ ep_core::register_lowering!(
         claim: claim_arg,
         lower: |ctx, node| lower_arg(ctx, node, true),
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -152,6 +156,7 @@ ep_core::register_lowering!(
         claim: claim_arg,
         lower: |ctx, node| lower_arg(ctx, node, false),
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -200,6 +205,7 @@ ep_core::register_lowering!(
         claim: claim_topk,
         lower: lower_topk,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -239,6 +245,7 @@ ep_core::register_lowering!(
         claim: claim_space,
         lower: lower_depth_to_space,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -261,6 +268,7 @@ ep_core::register_lowering!(
         claim: claim_space,
         lower: lower_space_to_depth,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

@@ -41,6 +41,7 @@ ep_core::register_lowering!(
         claim: claim_gather,
         lower: lower_gather,
         safety: CompileSafety::ShapeKeyed,
+        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::ShapeKeyed, q)),
     }
 );
 
@@ -75,6 +76,7 @@ ep_core::register_lowering!(
         claim: claim_gather,
         lower: lower_gather_elements,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -129,6 +131,7 @@ ep_core::register_lowering!(
         claim: claim_gather,
         lower: lower_gather_nd,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

@@ -38,6 +38,7 @@ ep_core::register_lowering!(
         claim: claim_constant_of_shape,
         lower: lower_constant_of_shape,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -80,6 +81,7 @@ ep_core::register_lowering!(
         claim: claim_range,
         lower: lower_range,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -115,6 +117,7 @@ ep_core::register_lowering!(
         claim: claim_eye_like,
         lower: lower_eye_like,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -161,6 +164,7 @@ ep_core::register_lowering!(
         claim: claim_one_hot,
         lower: lower_one_hot,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

@@ -28,6 +28,7 @@ ep_core::register_lowering!(
         claim: claim_concat,
         lower: lower_concat,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -80,6 +81,7 @@ ep_core::register_lowering!(
         claim: claim_split,
         lower: lower_split,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

@@ -125,6 +125,7 @@ ep_core::register_lowering!(
         claim: claim_pad,
         lower: lower_pad,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

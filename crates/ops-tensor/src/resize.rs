@@ -322,6 +322,7 @@ ep_core::register_lowering!(
         claim: claim_resize,
         lower: lower_resize,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -350,6 +351,7 @@ ep_core::register_lowering!(
         claim: claim_upsample,
         lower: lower_upsample,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

@@ -96,6 +96,7 @@ ep_core::register_lowering!(
         claim: claim_scatter,
         lower: lower_scatter_elements,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -144,6 +145,7 @@ ep_core::register_lowering!(
         claim: claim_scatter,
         lower: lower_scatter_nd,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

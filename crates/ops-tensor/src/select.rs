@@ -40,6 +40,7 @@ ep_core::register_lowering!(
         claim: claim_nonzero,
         lower: lower_nonzero,
         safety: CompileSafety::Never,
+        growth: None,
     }
 );
 
@@ -74,6 +75,7 @@ ep_core::register_lowering!(
         claim: claim_compress,
         lower: lower_compress,
         safety: CompileSafety::Never,
+        growth: None,
     }
 );
 
@@ -147,6 +149,7 @@ ep_core::register_lowering!(
         claim: claim_unique,
         lower: lower_unique,
         safety: CompileSafety::Never,
+        growth: None,
     }
 );
 

@@ -69,6 +69,7 @@ ep_core::register_lowering!(
         claim: claim_reshape,
         lower: lower_reshape,
         safety: CompileSafety::ShapeKeyed,
+        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::ShapeKeyed, q)),
     }
 );
 
@@ -102,6 +103,7 @@ ep_core::register_lowering!(
         claim: claim_flatten,
         lower: lower_flatten,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -140,6 +142,7 @@ ep_core::register_lowering!(
         claim: claim_squeeze,
         lower: lower_squeeze,
         safety: CompileSafety::ShapeKeyed,
+        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::ShapeKeyed, q)),
     }
 );
 
@@ -171,6 +174,7 @@ ep_core::register_lowering!(
         claim: claim_unsqueeze,
         lower: lower_unsqueeze,
         safety: CompileSafety::ShapeKeyed,
+        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::ShapeKeyed, q)),
     }
 );
 
@@ -191,6 +195,7 @@ ep_core::register_lowering!(
         claim: claim_identity,
         lower: lower_identity,
         safety: CompileSafety::Shapeless,
+        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::Shapeless, q)),
     }
 );
 
@@ -217,6 +222,7 @@ ep_core::register_lowering!(
         claim: claim_shape,
         lower: lower_shape,
         safety: CompileSafety::ShapeKeyed,
+        growth: Some(ep_core::growth::to_size),
     }
 );
 
@@ -233,6 +239,7 @@ ep_core::register_lowering!(
         claim: claim_shape,
         lower: lower_size,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -267,6 +274,7 @@ ep_core::register_lowering!(
         claim: claim_transpose,
         lower: lower_transpose,
         safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -305,6 +313,7 @@ ep_core::register_lowering!(
         claim: claim_expand,
         lower: lower_expand,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
@@ -332,6 +341,7 @@ ep_core::register_lowering!(
         claim: claim_tile,
         lower: lower_tile,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 

@@ -91,6 +91,7 @@ ep_core::register_lowering!(
         claim: claim_slice,
         lower: lower_slice,
         safety: CompileSafety::ShapeKeyed,
+        growth: None,
     }
 );
 
