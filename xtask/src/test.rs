@@ -1,4 +1,5 @@
-//! `cargo xtask test`: everything CI runs, in order: setup, a trimmed plugin build, the
+//! `cargo xtask test`: everything CI runs, in order: setup, `cargo fmt --check` and clippy
+//! with `-D warnings` (the workspace lints), a trimmed plugin build, the
 //! workspace build, `cargo test --workspace`, the property suite at a bounded case count, the
 //! ONNX node tests and model suites (no test on the committed
 //! passing list may fail), then the Python checks against the wheel's ORT (the plugin, the
@@ -13,6 +14,17 @@ pub fn run(args: &[String]) -> Result {
         return Err(format!("test: unknown option `{a}`"));
     }
     setup::ensure(None)?;
+    step("house rules: cargo fmt --check, cargo clippy -D warnings");
+    util::run(util::cargo().args(["fmt", "--all", "--check"]))?;
+    util::run(util::cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--all-features",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     step("building a trimmed plugin (elementwise family only) into target/debug/trimmed");
     util::run(util::cargo().args([
         "build",

@@ -1,3 +1,5 @@
+//! The EP's error type and the `bail!` macro.
+
 use crate::mlx::MlxError;
 
 /// The EP's error: a message that names what failed (node, op, reason). Turned into an ORT

@@ -36,7 +36,7 @@ fn thread_number() -> u64 {
 impl Tracer {
     /// A tracer when `ONNXRUNTIME_EP_MLX_TRACE` names a file.
     pub fn from_env() -> Option<Tracer> {
-        std::env::var_os("ONNXRUNTIME_EP_MLX_TRACE").filter(|v| !v.is_empty()).map(|p| Tracer::new(p.into()))
+        crate::knobs::TRACE.path().map(Tracer::new)
     }
 
     pub fn new(path: PathBuf) -> Tracer {

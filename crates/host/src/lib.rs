@@ -5,14 +5,13 @@
 
 pub mod decoder;
 pub mod models;
+mod ort_raw;
 pub mod report;
 pub mod values;
 
-use ort::AsPointer;
 use ort::environment::Environment;
 use ort::session::Session;
 use ort::session::builder::SessionBuilder;
-use std::ffi::{CStr, c_char};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -147,52 +146,7 @@ pub struct Assignment {
 
 /// ORT's record of which EP runs each node (`Session_GetEpGraphAssignmentInfo`).
 pub fn assignment(session: &Session) -> Result<Vec<Assignment>> {
-    let api = ort::api();
-    let check = |status: ort_sys::OrtStatusPtr, what: &str| -> Result<()> {
-        if status.0.is_null() {
-            return Ok(());
-        }
-        // SAFETY: a non-null status from ORT, read and released once.
-        let msg = unsafe {
-            let m = CStr::from_ptr((api.GetErrorMessage)(status.0)).to_string_lossy().into_owned();
-            (api.ReleaseStatus)(status.0);
-            m
-        };
-        Err(format!("{what}: {msg}").into())
-    };
-    let text = |p: *const c_char| {
-        if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
-    };
-    let mut subgraphs = std::ptr::null();
-    let mut count = 0usize;
-    // SAFETY: the session is alive; ORT owns the returned arrays for the session's lifetime.
-    check(
-        unsafe { (api.Session_GetEpGraphAssignmentInfo)(session.ptr(), &mut subgraphs, &mut count) },
-        "Session_GetEpGraphAssignmentInfo",
-    )?;
-    let mut out = Vec::with_capacity(count);
-    for i in 0..count {
-        // SAFETY: `count` entries.
-        let sg = unsafe { *subgraphs.add(i) };
-        let mut p: *const c_char = std::ptr::null();
-        check(unsafe { (api.EpAssignedSubgraph_GetEpName)(sg, &mut p) }, "EpAssignedSubgraph_GetEpName")?;
-        let ep = text(p);
-        let mut nodes_ptr = std::ptr::null();
-        let mut n = 0usize;
-        check(unsafe { (api.EpAssignedSubgraph_GetNodes)(sg, &mut nodes_ptr, &mut n) }, "EpAssignedSubgraph_GetNodes")?;
-        let mut nodes = Vec::with_capacity(n);
-        for j in 0..n {
-            let node = unsafe { *nodes_ptr.add(j) };
-            check(unsafe { (api.EpAssignedNode_GetName)(node, &mut p) }, "EpAssignedNode_GetName")?;
-            let name = text(p);
-            check(unsafe { (api.EpAssignedNode_GetDomain)(node, &mut p) }, "EpAssignedNode_GetDomain")?;
-            let domain = text(p);
-            check(unsafe { (api.EpAssignedNode_GetOperatorType)(node, &mut p) }, "EpAssignedNode_GetOperatorType")?;
-            nodes.push(AssignedNode { name, domain, op_type: text(p) });
-        }
-        out.push(Assignment { ep, nodes });
-    }
-    Ok(out)
+    ort_raw::assignment(session)
 }
 
 /// The EP that ran the node named `node`, if ORT reports it.

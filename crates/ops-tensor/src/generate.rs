@@ -132,7 +132,7 @@ fn lower_one_hot(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> 
     let s = ctx.stream();
     let ind = ops::astype(&ops::trunc(&ops::astype(ctx.input(0)?, Dtype::F32, s)?, s)?, Dtype::I64, s)?;
     let depth = ctx.host_f64(1)?.first().copied().ok_or("depth is empty")?;
-    if !(depth >= 1.0) {
+    if depth.is_nan() || depth < 1.0 {
         bail!("depth {depth} is not positive");
     }
     let depth = depth as i64;

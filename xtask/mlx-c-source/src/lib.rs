@@ -1,1 +1,1 @@
-// Intentionally empty: this manifest exists only to let cargo fetch mlx-c's sources.
+//! Intentionally empty: this manifest exists only to let cargo fetch mlx-c's sources.

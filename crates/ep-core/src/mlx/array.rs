@@ -1,3 +1,6 @@
+//! [`Array`]: an owned mlx-c array handle (freed on drop), built from host data or borrowed
+//! for one run, with shape, dtype and host access.
+
 use super::{Dtype, MlxError, Result, Stream, check, init};
 use std::ffi::{CStr, c_int};
 
@@ -7,6 +10,7 @@ pub struct Array(pub(crate) mlx_sys::mlx_array);
 // SAFETY: MLX arrays are reference counted with atomic counts; all graph building and
 // evaluation is serialised by `mlx::lock()`, so a shared handle is never used concurrently.
 unsafe impl Send for Array {}
+// SAFETY: as for `Send`: every use of a handle happens under `mlx::lock()`.
 unsafe impl Sync for Array {}
 
 impl Array {

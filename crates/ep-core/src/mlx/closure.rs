@@ -1,3 +1,5 @@
+//! [`Closure`]: a Rust function as an mlx-c closure, compiled (`mlx_compile`) and applied.
+
 use super::{Array, MlxError, Result, VectorArray, check, init};
 use std::ffi::{c_int, c_void};
 
@@ -9,6 +11,7 @@ pub struct Closure(pub(crate) mlx_sys::mlx_closure);
 // SAFETY: the wrapped function is `Send`; MLX work (tracing and applying included) is
 // serialised by `mlx::lock()`, so a shared closure is never applied concurrently.
 unsafe impl Send for Closure {}
+// SAFETY: as for `Send`: a closure is applied only under `mlx::lock()`.
 unsafe impl Sync for Closure {}
 
 unsafe extern "C" fn trampoline(
@@ -19,10 +22,12 @@ unsafe extern "C" fn trampoline(
     // SAFETY: `payload` is the `BoxedFn` installed by `Closure::new`, alive until the destructor.
     let f = unsafe { &mut *payload.cast::<BoxedFn>() };
     let run = || -> Result<()> {
+        // SAFETY: `input` is the valid vector handle mlx-c passes to the callback.
         let n = unsafe { mlx_sys::mlx_vector_array_size(input) };
         let mut args = Vec::with_capacity(n);
         for i in 0..n {
             let mut a = Array::empty();
+            // SAFETY: `i < n`, the vector's size; `a` is a fresh handle mlx-c fills.
             check(unsafe { mlx_sys::mlx_vector_array_get(&mut a.0, input, i) })?;
             args.push(a);
         }
@@ -71,6 +76,7 @@ impl Closure {
     /// this closure; later applications with inputs of the same shapes (any shapes when
     /// `shapeless`) replay the compiled graph without calling it.
     pub fn compile(&self, shapeless: bool) -> Result<Closure> {
+        // SAFETY: creates a new empty closure handle owned by the returned value.
         let mut out = Closure(unsafe { mlx_sys::mlx_closure_new() });
         // SAFETY: `out` owns its handle; mlx-c replaces its contents, and drop frees it.
         check(unsafe { mlx_sys::mlx_compile(&mut out.0, self.0, shapeless) })?;

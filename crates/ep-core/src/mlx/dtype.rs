@@ -1,3 +1,5 @@
+//! [`Dtype`]: MLX's element types, and their mapping to mlx-c's.
+
 use mlx_sys::mlx_dtype;
 
 /// MLX element types.

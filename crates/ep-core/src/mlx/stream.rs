@@ -1,3 +1,5 @@
+//! [`Stream`]: an mlx-c stream handle (the default device's, or the CPU's).
+
 use super::{MlxError, Result, check, init};
 
 /// An MLX stream (a queue on a device). Freed on drop.
@@ -6,6 +8,7 @@ pub struct Stream(pub(crate) mlx_sys::mlx_stream);
 // SAFETY: an mlx_stream is a small value handle (device + index); MLX work is serialised by
 // `mlx::lock()`.
 unsafe impl Send for Stream {}
+// SAFETY: as for `Send`: streams are used only under `mlx::lock()`.
 unsafe impl Sync for Stream {}
 
 impl Stream {

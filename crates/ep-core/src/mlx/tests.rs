@@ -1,3 +1,6 @@
+//! Facts about MLX 0.32.2 the layer relies on, pinned by tests: round trips, errors as results,
+//! compiled and shapeless replays.
+
 use super::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

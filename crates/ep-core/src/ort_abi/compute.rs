@@ -92,6 +92,7 @@ unsafe extern "system" fn create_state(
     guard("CreateState", || {
         non_null(state, "compute_state")?;
         // The plan itself is the state: nothing per-state to allocate.
+        // SAFETY: `state` was checked non-null; ORT passes a writable pointer.
         unsafe { *state = this.cast() };
         Ok(())
     })

@@ -37,10 +37,6 @@ impl Drop for Ep {
     }
 }
 
-fn env_flag(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
-}
-
 impl Ep {
     pub fn new(_session_options: *const OrtSessionOptions) -> Result<Box<Ep>> {
         Ok(Box::new(Ep {
@@ -61,9 +57,9 @@ impl Ep {
                 GetKernelRegistry: None,
                 IsConcurrentRunSupported: Some(concurrent_run_supported),
             },
-            claim_debug: env_flag("ONNXRUNTIME_EP_MLX_CLAIM_DEBUG"),
-            verbose: env_flag("ONNXRUNTIME_EP_MLX_VERBOSE"),
-            compile: std::env::var("ONNXRUNTIME_EP_MLX_COMPILE").map_or(true, |v| v != "0"),
+            claim_debug: crate::knobs::CLAIM_DEBUG.on(),
+            verbose: crate::knobs::VERBOSE.on(),
+            compile: crate::knobs::COMPILE.on(),
             stats: Arc::new(SessionStats::with_tracer(crate::trace::Tracer::from_env())),
         }))
     }
@@ -319,6 +315,7 @@ unsafe extern "system" fn release_node_compute_infos(
         // SAFETY: ORT hands back the `count` infos `compile` created.
         for &info in unsafe { std::slice::from_raw_parts(infos, count) } {
             if !info.is_null() {
+                // SAFETY: ORT passes `count` compute-info pointers that this EP created.
                 drop(unsafe { Box::from_raw(info.cast::<ComputeInfo>()) });
             }
         }

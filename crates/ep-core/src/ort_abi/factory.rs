@@ -154,6 +154,7 @@ unsafe extern "system" fn get_supported_devices(
         if devices.is_null() || ep_devices.is_null() || max_ep_devices == 0 {
             return Ok(());
         }
+        // SAFETY: ORT passes `num_devices` valid hardware-device pointers.
         let devices = unsafe { std::slice::from_raw_parts(devices, num_devices) };
         for &device in devices {
             // SAFETY: a valid hardware device from ORT.
@@ -166,6 +167,7 @@ unsafe extern "system" fn get_supported_devices(
             let status =
                 unsafe { (ep_api().CreateEpDevice)(this, device, std::ptr::null(), std::ptr::null(), &mut ep_device) };
             super::check_status(status, "CreateEpDevice")?;
+            // SAFETY: `ep_devices` holds room for `max_ep_devices` (at least 1) entries; both are ORT's.
             unsafe {
                 *ep_devices = ep_device;
                 *num_ep_devices = 1;
@@ -213,6 +215,7 @@ unsafe extern "system" fn validate_compatibility(
     guard("ValidateCompiledModelCompatibilityInfo", || {
         non_null(out, "model_compatibility")?;
         // The EP produces no pre-compiled models.
+        // SAFETY: `out` was checked non-null; ORT passes a writable pointer.
         unsafe { *out = OrtCompiledModelCompatibility::EP_NOT_APPLICABLE };
         Ok(())
     })
@@ -227,6 +230,7 @@ unsafe extern "system" fn create_allocator(
     guard("CreateAllocator", || {
         non_null(allocator, "allocator")?;
         // Inputs and outputs live in ORT's CPU memory: ORT's default allocator serves.
+        // SAFETY: `allocator` was checked non-null; ORT passes a writable pointer.
         unsafe { *allocator = std::ptr::null_mut() };
         Ok(())
     })
@@ -240,6 +244,7 @@ unsafe extern "system" fn create_data_transfer(
 ) -> OrtStatusPtr {
     guard("CreateDataTransfer", || {
         non_null(out, "data_transfer")?;
+        // SAFETY: `out` was checked non-null; ORT passes a writable pointer.
         unsafe { *out = std::ptr::null_mut() };
         Ok(())
     })
@@ -257,6 +262,7 @@ unsafe extern "system" fn create_sync_stream(
 ) -> OrtStatusPtr {
     guard("CreateSyncStreamForDevice", || {
         non_null(stream, "stream")?;
+        // SAFETY: `stream` was checked non-null; ORT passes a writable pointer.
         unsafe { *stream = std::ptr::null_mut() };
         Ok(())
     })

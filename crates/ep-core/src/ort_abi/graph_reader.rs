@@ -292,9 +292,7 @@ pub(crate) unsafe fn tensor_ref<'a>(value: *const OrtValue) -> Result<TensorRef<
 /// `ONNXRUNTIME_EP_MLX_ZERO_COPY=0`.
 pub(crate) fn reads_in_place(t: &TensorRef<'_>) -> bool {
     static ZERO_COPY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let zero_copy = *ZERO_COPY.get_or_init(|| {
-        !crate::mlx::default_device_is_gpu() && std::env::var("ONNXRUNTIME_EP_MLX_ZERO_COPY").map_or(true, |v| v != "0")
-    });
+    let zero_copy = *ZERO_COPY.get_or_init(|| !crate::mlx::default_device_is_gpu() && crate::knobs::ZERO_COPY.on());
     zero_copy && t.elem_type.to_mlx().is_some() && !t.bytes.is_empty() && (t.bytes.as_ptr() as usize).is_multiple_of(64)
 }
 

@@ -1,5 +1,6 @@
 //! The ONNX Runtime plugin C ABI: the factory and EP tables ORT calls, the compute callbacks,
-//! and reading ORT's graph into [`crate::graph`]. With `crate::mlx`, the only home of `unsafe`.
+//! the entry points a plugin library exports (`export_plugin!`), and reading ORT's graph into
+//! [`crate::graph`]. With `crate::mlx`, the only home of `unsafe`.
 //!
 //! # Invariants
 //! - Every `extern "system"` function ORT calls runs its body inside `boundary::guard`: a
@@ -11,6 +12,7 @@
 pub(crate) mod boundary;
 pub(crate) mod compute;
 pub(crate) mod ep;
+mod export;
 pub mod factory;
 pub(crate) mod graph_reader;
 pub mod tables;
@@ -30,6 +32,7 @@ struct Apis {
 
 // SAFETY: the API tables are immutable static data owned by ORT for the life of the process.
 unsafe impl Send for Apis {}
+// SAFETY: as for `Send`: the tables are immutable and live as long as the process.
 unsafe impl Sync for Apis {}
 
 static APIS: OnceLock<Apis> = OnceLock::new();
