@@ -89,6 +89,17 @@ pub fn global() -> Result<&'static Registry> {
     REGISTRY.get_or_init(|| Registry::build(&LOWERINGS)).as_ref().map_err(Clone::clone)
 }
 
+/// Registers a [`Lowering`] value in the EP's registry:
+/// `ep_core::register_lowering!(ADD = Binary::new("Add", ...));`
+#[macro_export]
+macro_rules! register_lowering {
+    ($name:ident = $value:expr) => {
+        #[$crate::linkme::distributed_slice($crate::registry::LOWERINGS)]
+        #[linkme(crate = $crate::linkme)]
+        static $name: &'static dyn $crate::Lowering = &$value;
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

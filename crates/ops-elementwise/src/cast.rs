@@ -51,7 +51,7 @@ ep_core::register_lowering!(
         claim: claim_cast,
         lower: lower_cast,
         safety: CompileSafety::Shapeless,
-        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::Shapeless, q)),
+        growth: Some(|q| ep_core::growth::carries_sizes(true, q)),
     }
 );
 

@@ -41,7 +41,7 @@ ep_core::register_lowering!(
         claim: claim_gather,
         lower: lower_gather,
         safety: CompileSafety::ShapeKeyed,
-        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::ShapeKeyed, q)),
+        growth: Some(|q| ep_core::growth::carries_sizes(false, q)),
     }
 );
 

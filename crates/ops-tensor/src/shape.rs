@@ -69,7 +69,7 @@ ep_core::register_lowering!(
         claim: claim_reshape,
         lower: lower_reshape,
         safety: CompileSafety::ShapeKeyed,
-        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::ShapeKeyed, q)),
+        growth: Some(|q| ep_core::growth::carries_sizes(false, q)),
     }
 );
 
@@ -142,7 +142,7 @@ ep_core::register_lowering!(
         claim: claim_squeeze,
         lower: lower_squeeze,
         safety: CompileSafety::ShapeKeyed,
-        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::ShapeKeyed, q)),
+        growth: Some(|q| ep_core::growth::carries_sizes(false, q)),
     }
 );
 
@@ -174,7 +174,7 @@ ep_core::register_lowering!(
         claim: claim_unsqueeze,
         lower: lower_unsqueeze,
         safety: CompileSafety::ShapeKeyed,
-        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::ShapeKeyed, q)),
+        growth: Some(|q| ep_core::growth::carries_sizes(false, q)),
     }
 );
 
@@ -195,7 +195,7 @@ ep_core::register_lowering!(
         claim: claim_identity,
         lower: lower_identity,
         safety: CompileSafety::Shapeless,
-        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::Shapeless, q)),
+        growth: Some(|q| ep_core::growth::carries_sizes(true, q)),
     }
 );
 
