@@ -152,7 +152,7 @@ mod spec {
         if four_d { vec![b, n, s, h] } else { vec![b, s, n * h] }
     }
 
-    register_spec!("com.microsoft", "RotaryEmbedding", || {
+    register_spec!(super::ROTARY_EMBEDDING_MS, || {
         (dtype_of(&[DType::F32, DType::F16]), geometry(), any::<bool>(), seed())
             .prop_map(|(t, (b, s, n, h, rd, four_d, interleaved), offset_ids, seed)| {
                 let rows = s + 6;
@@ -174,7 +174,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "RotaryEmbedding", || {
+    register_spec!(super::ROTARY_EMBEDDING, || {
         (dtype_of(&[DType::F32, DType::F16]), geometry(), any::<bool>(), seed())
             .prop_map(|(t, (b, s, n, h, rd, four_d, interleaved), with_ids, seed)| {
                 let shape = x_shape(b, s, n, h, four_d);

@@ -19,6 +19,7 @@ mod generate;
 mod join;
 mod pad;
 mod resize;
+mod reverse_sequence;
 mod scatter;
 mod select;
 mod shape;
