@@ -28,4 +28,6 @@ mod slice;
 mod spec_util;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
-pub fn link() {}
+pub fn link() -> ep_core::registry::Family {
+    ep_core::registry::Family { name: "tensor" }
+}
