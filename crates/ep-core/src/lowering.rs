@@ -174,8 +174,7 @@ pub struct LowerCtx<'a> {
     tracing: bool,
     /// Building the decode slot's shapeless trace (see [`LowerCtx::shapeless`]).
     shapeless: bool,
-    write_backs: Vec<RowWriteBack>,
-    rows_at: Vec<RowsAt>,
+    row_updates: Vec<RowUpdate>,
     guards: Vec<Array>,
     checks: Vec<Check>,
     /// Values of enclosing scopes by name (the node's implicit inputs), for its subgraphs.
@@ -218,30 +217,25 @@ pub struct Check {
     pub reason: String,
 }
 
-/// A lowering's request to write new rows into the buffer of an input, at positions that are
-/// data (see [`LowerCtx::write_rows_at`]).
-pub struct RowsAt {
+/// A lowering's declaration that node output `aliased_output` is node input `input` with only
+/// some rows along `axis` changed (a KV cache append): when ORT gives that output the input's
+/// own buffer, only those rows are written (see [`LowerCtx::write_back_rows`] and
+/// [`LowerCtx::write_rows_at`]).
+pub struct RowUpdate {
     pub input: usize,
-    /// The input's shape with `S` rows along `axis`.
-    pub rows: Array,
-    /// `[B]` int32: where batch entry `b`'s rows start along `axis`.
-    pub starts: Array,
     pub axis: usize,
     pub aliased_output: usize,
+    pub rows: ChangedRows,
 }
 
-/// A lowering's request to write rows of an updated input back into ORT's buffer for it.
-pub struct RowWriteBack {
-    /// The node input whose buffer is updated.
-    pub input: usize,
-    /// The updated value: same shape and dtype as the input.
-    pub array: Array,
-    /// The axis the rows are counted along.
-    pub axis: usize,
-    /// Changed rows, as (index over the dimensions before `axis`, flattened; row range).
-    pub patches: Vec<(usize, std::ops::Range<usize>)>,
-    /// The node output that is the updated input.
-    pub aliased_output: usize,
+/// Which rows of a [`RowUpdate`] changed.
+pub enum ChangedRows {
+    /// Known while building: the whole updated value (the input's shape and dtype) and the
+    /// changed rows as (index over the dimensions before `axis`, flattened; range of rows).
+    Known { updated: Array, patches: Vec<(usize, std::ops::Range<usize>)> },
+    /// Positions that are data: the new rows (the input's shape with `S` along `axis`) and
+    /// `[B]` int32 starts, evaluated with the outputs.
+    At { rows: Array, starts: Array },
 }
 
 impl<'a> LowerCtx<'a> {
@@ -273,8 +267,7 @@ impl<'a> LowerCtx<'a> {
             cpu,
             tracing,
             shapeless,
-            write_backs: Vec::new(),
-            rows_at: Vec::new(),
+            row_updates: Vec::new(),
             guards: Vec::new(),
             checks: Vec::new(),
             scope,
@@ -302,12 +295,8 @@ impl<'a> LowerCtx<'a> {
         outputs
     }
 
-    pub(crate) fn take_write_backs(&mut self) -> Vec<RowWriteBack> {
-        std::mem::take(&mut self.write_backs)
-    }
-
-    pub(crate) fn take_rows_at(&mut self) -> Vec<RowsAt> {
-        std::mem::take(&mut self.rows_at)
+    pub(crate) fn take_row_updates(&mut self) -> Vec<RowUpdate> {
+        std::mem::take(&mut self.row_updates)
     }
 
     pub(crate) fn take_guards(&mut self) -> Vec<Array> {
@@ -448,7 +437,8 @@ impl<'a> LowerCtx<'a> {
                 original.shape()
             )));
         }
-        self.write_backs.push(RowWriteBack { input, array: updated.clone(), axis, patches, aliased_output });
+        let rows = ChangedRows::Known { updated: updated.clone(), patches };
+        self.row_updates.push(RowUpdate { input, axis, aliased_output, rows });
         Ok(())
     }
 
@@ -484,7 +474,7 @@ impl<'a> LowerCtx<'a> {
         let starts = crate::mlx::ops::astype(starts, crate::mlx::Dtype::I32, self.stream)?;
         let starts = crate::mlx::ops::reshape(&starts, &[os[0]], self.stream)?;
         let rows = crate::mlx::ops::contiguous(rows, self.stream)?;
-        self.rows_at.push(RowsAt { input, rows, starts, axis, aliased_output });
+        self.row_updates.push(RowUpdate { input, axis, aliased_output, rows: ChangedRows::At { rows, starts } });
         Ok(())
     }
 

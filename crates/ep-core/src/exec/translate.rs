@@ -5,7 +5,7 @@
 use super::constants::PlanCaches;
 use super::write_back::{PendingRows, WriteBack, row_byte_ranges};
 use super::{PlanNode, PlanOutput, Source};
-use crate::lowering::{Check, LowerCtx, RowWriteBack, RowsAt};
+use crate::lowering::{ChangedRows, Check, LowerCtx, RowUpdate};
 use crate::mlx::{self, Array, Dtype, Stream};
 use crate::stats::SessionStats;
 use crate::{Error, Result};
@@ -93,15 +93,12 @@ impl Translation {
             for c in ctx.take_checks() {
                 checks.push(Check { reason: Error::new(c.reason).at_node(&info.name, &info.qualified_op()).0, ..c });
             }
-            for request in ctx.take_rows_at() {
-                if let Some(pending) = self.rows_at(node, request) {
-                    rows_at.push(pending);
+            for update in ctx.take_row_updates() {
+                match self.row_update(node, update, stream).map_err(|e| e.at_node(&info.name, &info.qualified_op()))? {
+                    Some(Resolved::Now(wb)) => write_backs.push(wb),
+                    Some(Resolved::AfterEvaluation(pending)) => rows_at.push(pending),
+                    None => {}
                 }
-            }
-            for request in ctx.take_write_backs() {
-                let wb =
-                    self.write_back(node, request, stream).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
-                write_backs.extend(wb);
             }
             if let (Some(t), Some(inputs)) = (tracer, described) {
                 let args = serde_json::json!({
@@ -187,38 +184,36 @@ impl Translation {
             .filter(|name| self.outputs.iter().any(|o| o.name == *name))
     }
 
-    /// Resolves a request to write rows at data positions: `None` unless the input is a
-    /// runtime input and the updated value a partition output.
-    pub(super) fn rows_at(&self, node: &PlanNode, request: RowsAt) -> Option<PendingRows> {
-        let Some(Source::Input(input)) = node.inputs.get(request.input).copied() else {
-            return None;
-        };
-        let output = self.partition_output(node, request.aliased_output)?;
-        Some(PendingRows { input, rows: request.rows, starts: request.starts, axis: request.axis, output })
-    }
-
-    /// Resolves a lowering's in-place update request against the partition: `None` when the
-    /// input is not a runtime input or the updated value is not a partition output (nothing
-    /// could share a buffer with it).
-    pub(super) fn write_back(
-        &self,
-        node: &PlanNode,
-        request: RowWriteBack,
-        stream: &Stream,
-    ) -> Result<Option<WriteBack>> {
+    /// Resolves a lowering's row update against the partition: `None` when the input is not a
+    /// runtime input or the updated value not a partition output (no buffer could be shared:
+    /// the output is copied whole); rows known now become a write-back, rows at data positions
+    /// one resolved after the evaluation.
+    pub(super) fn row_update(&self, node: &PlanNode, update: RowUpdate, stream: &Stream) -> Result<Option<Resolved>> {
         // Only a buffer ORT provides at run time can be shared with an output.
-        let Some(Source::Input(input)) = node.inputs.get(request.input).copied() else {
+        let Some(Source::Input(input)) = node.inputs.get(update.input).copied() else {
             return Ok(None);
         };
-        let Some(output) = self.partition_output(node, request.aliased_output) else {
+        let Some(output) = self.partition_output(node, update.aliased_output) else {
             return Ok(None);
         };
-        let shape = request.array.shape();
-        let byte_ranges =
-            row_byte_ranges(&shape, request.array.dtype().size_in_bytes(), request.axis, &request.patches)?;
-        let chunks = byte_ranges.into_iter().map(|r| (r.clone(), r.start)).collect();
-        Ok(Some(WriteBack { input, array: mlx::ops::contiguous(&request.array, stream)?, chunks, output }))
+        Ok(Some(match update.rows {
+            ChangedRows::Known { updated, patches } => {
+                let shape = updated.shape();
+                let byte_ranges = row_byte_ranges(&shape, updated.dtype().size_in_bytes(), update.axis, &patches)?;
+                let chunks = byte_ranges.into_iter().map(|r| (r.clone(), r.start)).collect();
+                Resolved::Now(WriteBack { input, array: mlx::ops::contiguous(&updated, stream)?, chunks, output })
+            }
+            ChangedRows::At { rows, starts } => {
+                Resolved::AfterEvaluation(PendingRows { input, rows, starts, axis: update.axis, output })
+            }
+        }))
     }
+}
+
+/// A row update resolved against the partition.
+pub(super) enum Resolved {
+    Now(WriteBack),
+    AfterEvaluation(PendingRows),
 }
 
 /// A built graph: the partition's outputs, in-place input updates, and the flags: the

@@ -4,7 +4,8 @@
 use crate::mlx::{Array, Stream};
 use crate::{Error, Result};
 
-/// Rows to write into a runtime input's buffer at positions known after evaluation.
+/// A [`WriteBack`] still to be resolved: rows to write into a runtime input's buffer at
+/// positions known only after the evaluation.
 pub(super) struct PendingRows {
     pub(super) input: usize,
     pub(super) rows: Array,
