@@ -4,12 +4,12 @@
 //! ```text
 //! mlx-ep-conformance [--cases N] [--op NAME] [--seed S] [--json PATH] [--replay DIR]
 //! mlx-ep-conformance --fuzz [--cases N] [--seed S] [--op NAME] [--mutation NAME] [--jobs J]
-//!                    [--timeout SECONDS] [--memory-mb MB]
+//!                    [--timeout SECONDS] [--memory-mb MB] [--failures-dir DIR]
 //! mlx-ep-conformance --fuzz-replay DIR
 //! ```
 //! The suite exits non-zero when a case fails or declines, or a lowering has no spec; the
 //! fuzzer when a case crashes, hangs, answers wrongly or fails spuriously. Hidden modes of the
-//! fuzzer's child processes: `--fuzz-child CASE.json` (`-`: standard input) and
+//! fuzzer's child processes: `--fuzz-child CASE.json [--mlx-only]` (`-`: standard input) and
 //! `--fuzz-save DIR`.
 
 use conformance::fuzz;
@@ -33,7 +33,8 @@ fn run() -> Result<bool, String> {
     match args.first().map(String::as_str) {
         Some("--fuzz-child") => {
             let path = args.get(1).ok_or("--fuzz-child needs a case file (or -)")?;
-            fuzz::child::main(path).map_err(|e| e.to_string())?;
+            let mlx_only = args.get(2).is_some_and(|a| a == "--mlx-only");
+            fuzz::child::main(path, mlx_only).map_err(|e| e.to_string())?;
             return Ok(true);
         }
         Some("--fuzz-save") => {
@@ -98,6 +99,7 @@ fn fuzz_command(args: &[String]) -> Result<bool, String> {
             "--jobs" => opts.jobs = number(value()?)?.max(1) as usize,
             "--timeout" => opts.timeout = std::time::Duration::from_secs(number(value()?)?),
             "--memory-mb" => opts.memory_mb = number(value()?)?,
+            "--failures-dir" => opts.failures_dir = value()?.into(),
             other => return Err(format!("unknown fuzz option `{other}`")),
         }
     }

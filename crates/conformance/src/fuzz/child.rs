@@ -85,10 +85,11 @@ pub fn read_case(path: &str) -> Result<FuzzCase> {
     Ok(serde_json::from_str(&text)?)
 }
 
-/// The child's whole job: run the case, print the result line.
-pub fn main(path: &str) -> Result<()> {
+/// The child's whole job: run the case, print the result line. With `mlx_only` the CPU EP is
+/// not run (the parent asks so after the CPU EP itself crashed on the case).
+pub fn main(path: &str, mlx_only: bool) -> Result<()> {
     let fc = read_case(path)?;
-    let result = run(&fc);
+    let result = run(&fc, mlx_only);
     println!("{RESULT_MARK}{}", serde_json::to_string(&result)?);
     stage("teardown");
     Ok(())
@@ -107,17 +108,29 @@ pub fn feeds(fc: &FuzzCase) -> Result<Vec<(String, DynValue)>> {
         .collect()
 }
 
-/// Runs the case on both EPs.
-pub fn run(fc: &FuzzCase) -> ChildResult {
+/// Runs the case on both EPs (or on the MLX EP alone).
+pub fn run(fc: &FuzzCase, mlx_only: bool) -> ChildResult {
     let inputs = match feeds(fc) {
         Ok(v) => v,
         Err(e) => return ChildResult { harness_error: Some(format!("feeds: {e}")), ..ChildResult::default() },
     };
     let case = fc.model_case();
     stage("cpu");
-    let (cpu, expected) = run_ep(Ep::Cpu, &case, &inputs, 1);
+    // A host panic makes the case invalid, but the MLX EP still runs: a crash there counts.
+    let mut harness_error = None;
+    let (cpu, expected) = if mlx_only {
+        (EpResult::refused("not run (--mlx-only)".into()), Vec::new())
+    } else {
+        guarded(|| run_ep(Ep::Cpu, &case, &inputs, 1)).unwrap_or_else(|e| {
+            harness_error = Some(format!("CPU EP: {e}"));
+            (EpResult::refused(e), Vec::new())
+        })
+    };
     stage("mlx");
-    let (mut mlx, got) = run_ep(Ep::Mlx, &case, &inputs, 2);
+    let (mut mlx, got) = guarded(|| run_ep(Ep::Mlx, &case, &inputs, 2)).unwrap_or_else(|e| {
+        harness_error.get_or_insert(format!("MLX EP: {e}"));
+        (EpResult::refused(e), Vec::new())
+    });
     if let Some(Some(want)) = expected.first() {
         for (run, outputs) in mlx.runs.iter_mut().zip(&got) {
             if let Some(outputs) = outputs {
@@ -128,7 +141,16 @@ pub fn run(fc: &FuzzCase) -> ChildResult {
             }
         }
     }
-    ChildResult { cpu, mlx, harness_error: None }
+    ChildResult { cpu, mlx, harness_error }
+}
+
+/// Runs `f`, turning a panic (the `ort` crate panics on some type information ORT reports for
+/// malformed graphs, such as a negative inferred dim) into an error of the harness.
+fn guarded<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+        format!("the host (ort crate) panicked: {}", msg.unwrap_or_default())
+    })
 }
 
 /// Creates a session on `ep` and runs it `runs` times; the outputs of each run, where it

@@ -98,10 +98,12 @@ pub fn draw(opts: &Options) -> Vec<FuzzCase> {
             fc.index = i;
             fc.run_seed = opts.seed;
             fc.compile = rng.bool();
-            let applied = match &opts.mutation {
+            // A mutation that panics is the fuzzer's defect: that draw is skipped, the run goes on.
+            let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &opts.mutation {
                 Some(name) => mutate::apply_named(&mut fc, name, &mut rng),
                 None => mutate::apply(&mut fc, &mut rng),
-            };
+            }))
+            .unwrap_or(false);
             if applied {
                 out.push(fc);
                 break;
@@ -187,19 +189,39 @@ fn exit_of(status: std::process::ExitStatus) -> Exit {
     Exit::Code(status.code().unwrap_or(-1))
 }
 
-/// Runs one case in a child and judges it.
+/// Runs one case in a child and judges it. When the child died in a CPU EP stage, the case
+/// runs again on the MLX EP alone: a crash or hang there is the MLX EP's, else the CPU EP's.
 pub fn run_case(fc: &FuzzCase, opts: &Options) -> (Verdict, ChildRun) {
     let json = serde_json::to_string(fc).unwrap_or_default();
-    match spawn(&["--fuzz-child", "-"], &json, fc.compile, opts) {
-        Ok(run) => {
-            let v = verdict::judge(&run.exit, &run.stdout, &fc.node_names());
-            (verdict::excuse(v, &fc.op, &fc.mutation), run)
-        }
-        Err(e) => (
-            Verdict { class: Class::Invalid, reason: format!("could not start the child: {e}") },
-            ChildRun { exit: Exit::Code(-1), stdout: String::new(), stderr_tail: String::new(), seconds: 0.0 },
-        ),
+    let run = match spawn(&["--fuzz-child", "-"], &json, fc.compile, opts) {
+        Ok(run) => run,
+        Err(e) => return not_started(e),
+    };
+    let v = verdict::judge(&run.exit, &run.stdout, &fc.node_names());
+    let (stage, _) = verdict::parse_stdout(&run.stdout);
+    let in_cpu = stage.as_deref().is_some_and(|s| s.starts_with("cpu"));
+    if !(in_cpu && matches!(v.class, Class::Crash | Class::Hang)) {
+        return (verdict::excuse(v, &fc.op, &fc.mutation), run);
     }
+    let alone = match spawn(&["--fuzz-child", "-", "--mlx-only"], &json, fc.compile, opts) {
+        Ok(run) => run,
+        Err(e) => return not_started(e),
+    };
+    let mlx = verdict::judge(&alone.exit, &alone.stdout, &fc.node_names());
+    if matches!(mlx.class, Class::Crash | Class::Hang) {
+        let reason = format!("MLX EP alone: {} (the CPU EP failed first: {})", mlx.reason, v.reason);
+        return (Verdict { class: mlx.class, reason }, alone);
+    }
+    let seconds = run.seconds + alone.seconds;
+    let reason = format!("the CPU EP {}; the MLX EP alone did not crash", v.reason.replacen("in stage ", "in ", 1));
+    (Verdict { class: Class::CpuCrash, reason }, ChildRun { seconds, ..run })
+}
+
+fn not_started(e: std::io::Error) -> (Verdict, ChildRun) {
+    (
+        Verdict { class: Class::Invalid, reason: format!("could not start the child: {e}") },
+        ChildRun { exit: Exit::Code(-1), stdout: String::new(), stderr_tail: String::new(), seconds: 0.0 },
+    )
 }
 
 /// Counts of one row of the report.
@@ -247,8 +269,16 @@ pub struct Report {
     pub case_seconds: f64,
 }
 
-const COLUMNS: [Class; 7] =
-    [Class::Ok, Class::Crash, Class::Hang, Class::Wrong, Class::Spurious, Class::Lenient, Class::Invalid];
+const COLUMNS: [Class; 8] = [
+    Class::Ok,
+    Class::Crash,
+    Class::Hang,
+    Class::Wrong,
+    Class::Spurious,
+    Class::Lenient,
+    Class::CpuCrash,
+    Class::Invalid,
+];
 
 impl Report {
     /// No crash, hang, wrong answer or spurious error.
@@ -284,8 +314,9 @@ impl Report {
         }
         s += &Self::row("TOTAL", &self.total);
         for f in self.findings.values() {
+            let note = if f.class.is_failure() { "" } else { " [not a failure]" };
             s += &format!(
-                "\n{} {} / {} ({} cases): {}\n  case: {}\n",
+                "\n{}{note} {} / {} ({} cases): {}\n  case: {}\n",
                 f.class.name().to_uppercase(),
                 f.op,
                 f.mutation,
@@ -298,7 +329,7 @@ impl Report {
             }
         }
         s += &format!(
-            "\nfuzz: {} cases over {} ops, {} ok, {} crash, {} hang, {} wrong, {} spurious, {} lenient CPU EP, {} invalid; {} distinct findings ({:.0} s; {:.2} s per case in the children)\n",
+            "\nfuzz: {} cases over {} ops, {} ok, {} crash, {} hang, {} wrong, {} spurious, {} lenient CPU EP, {} CPU EP crashes, {} invalid; {} distinct failures ({:.0} s; {:.2} s per case in the children)\n",
             self.total.cases,
             self.by_op.len(),
             self.total.get(Class::Ok),
@@ -307,8 +338,9 @@ impl Report {
             self.total.get(Class::Wrong),
             self.total.get(Class::Spurious),
             self.total.get(Class::Lenient),
+            self.total.get(Class::CpuCrash),
             self.total.get(Class::Invalid),
-            self.findings.len(),
+            self.findings.keys().filter(|(c, ..)| c.is_failure()).count(),
             self.seconds,
             self.case_seconds / self.total.cases.max(1) as f64,
         );
@@ -373,7 +405,9 @@ fn record(report: &mut Report, fc: &FuzzCase, v: &Verdict, run: &ChildRun, opts:
     report.by_mutation.entry(fc.mutation.clone()).or_default().add(v.class);
     report.total.add(v.class);
     report.case_seconds += run.seconds;
-    if !v.class.is_failure() {
+    // Failures, and what is worth a look without failing the run (the CPU EP's own crashes,
+    // its known leniency), are listed and saved.
+    if !(v.class.is_failure() || matches!(v.class, Class::CpuCrash | Class::Lenient)) {
         return;
     }
     let key = (v.class, fc.op.clone(), fc.mutation.clone());
@@ -466,4 +500,29 @@ fn describe_ep(name: &str, ep: &super::child::EpResult) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_spread_over_every_spec_and_mutation() {
+        crate::link_op_crates();
+        let opts = Options { cases: 3000, seed: 5, ..Options::default() };
+        let cases = draw(&opts);
+        assert_eq!(cases.len(), 3000);
+        let ops: std::collections::BTreeSet<&str> = cases.iter().map(|c| c.op.as_str()).collect();
+        assert_eq!(ops.len(), suite::specs_and_chains().len());
+        for (name, ..) in mutate::MUTATIONS {
+            assert!(cases.iter().any(|c| c.mutation == *name), "{name} never drawn");
+        }
+        for fc in &cases {
+            let back: FuzzCase = serde_json::from_str(&serde_json::to_string(fc).unwrap()).unwrap();
+            assert_eq!(back.model_case().label(), fc.model_case().label());
+            assert!(fc.feeds.iter().all(|t| t.values.len() == t.len() && t.len() <= 1 << 15), "{}", fc.label());
+        }
+        let again = draw(&opts);
+        assert!(again.iter().zip(&cases).all(|(a, b)| a.label() == b.label()), "draws are deterministic");
+    }
 }

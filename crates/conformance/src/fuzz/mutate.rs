@@ -208,7 +208,7 @@ fn nonsense_list(v: &mut Vec<i64>, rank: i64, rng: &mut Rng) -> String {
             format!("entry {i} = {bad} (rank {rank})")
         }
         2 if !v.is_empty() => {
-            v[i] = -v[i].abs() - 1;
+            v[i] = v[i].saturating_abs().saturating_neg().saturating_sub(1);
             format!("entry {i} negative")
         }
         3 if !v.is_empty() => {

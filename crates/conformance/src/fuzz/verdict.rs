@@ -5,7 +5,9 @@
 //! or both answer the same within [`crate::tolerance`]. Failures: a *crash* (the child died
 //! by a signal, or exited without its result line), a *hang* (past the timeout), a *wrong*
 //! answer (MLX answered where the CPU EP raised, or answered differently), and a *spurious*
-//! error (MLX failed where the CPU EP answered, or its error names nothing). A spurious error
+//! error (MLX failed where the CPU EP answered, or its error names nothing). A crash in a CPU
+//! EP stage is rerun on the MLX EP alone: it is the MLX EP's only if that crashes too. A
+//! spurious error
 //! where the CPU EP is known to be the lenient one ([`CPU_LENIENT`]) is counted as *lenient*,
 //! not as a failure.
 
@@ -21,6 +23,9 @@ pub enum Class {
     Hang,
     Wrong,
     Spurious,
+    /// ORT's CPU EP itself crashed on the case, and the MLX EP alone did not (rerun without
+    /// the CPU EP): an ONNX Runtime finding, not a failure of this run.
+    CpuCrash,
     /// The MLX EP refused, clearly, input the CPU EP is known to accept without checking it
     /// ([`CPU_LENIENT`]): not a failure.
     Lenient,
@@ -37,6 +42,7 @@ impl Class {
             Class::Wrong => "wrong",
             Class::Spurious => "spurious",
             Class::Lenient => "lenient",
+            Class::CpuCrash => "cpu-crash",
             Class::Invalid => "invalid",
         }
     }
