@@ -208,6 +208,15 @@ pub fn run_case(fc: &FuzzCase, opts: &Options) -> (Verdict, ChildRun) {
         Err(e) => return not_started(e),
     };
     let mlx = verdict::judge(&alone.exit, &alone.stdout, &fc.node_names());
+    // Both sessions dying while being created, by the same signal, is ORT's own graph
+    // checking (shape inference), which runs before any EP sees the graph.
+    let (mlx_stage, _) = verdict::parse_stdout(&alone.stdout);
+    let same_death = matches!((&run.exit, &alone.exit), (Exit::Signal(a), Exit::Signal(b)) if a == b);
+    let both_sessions = stage.as_deref() == Some("cpu-session") && mlx_stage.as_deref() == Some("mlx-session");
+    if same_death && both_sessions {
+        let reason = format!("ORT died creating either session ({}), before any EP ran", v.reason);
+        return (Verdict { class: Class::CpuCrash, reason }, run);
+    }
     if matches!(mlx.class, Class::Crash | Class::Hang) {
         let reason = format!("MLX EP alone: {} (the CPU EP failed first: {})", mlx.reason, v.reason);
         return (Verdict { class: mlx.class, reason }, alone);

@@ -23,8 +23,8 @@ pub enum Class {
     Hang,
     Wrong,
     Spurious,
-    /// ORT's CPU EP itself crashed on the case, and the MLX EP alone did not (rerun without
-    /// the CPU EP): an ONNX Runtime finding, not a failure of this run.
+    /// ORT's CPU EP itself crashed on the case and the MLX EP alone did not (rerun without the
+    /// CPU EP), or ORT died creating either session: an ONNX Runtime finding, not a failure.
     CpuCrash,
     /// The MLX EP refused, clearly, input the CPU EP is known to accept without checking it
     /// ([`CPU_LENIENT`]): not a failure.
@@ -72,13 +72,13 @@ impl Verdict {
 pub const CPU_LENIENT: &[(&str, &[&str], &str, &str)] = &[
     (
         "com.microsoft:SkipSimplifiedLayerNormalization",
-        &["shape-disagrees"],
+        SHAPES,
         "cannot be broadcast",
         "the CPU EP reads a skip whose leading dims disagree with the input's without checking them",
     ),
     (
         "com.microsoft:SkipLayerNormalization",
-        &["shape-disagrees"],
+        SHAPES,
         "cannot be broadcast",
         "the CPU EP reads a skip whose leading dims disagree with the input's without checking them",
     ),
@@ -88,7 +88,40 @@ pub const CPU_LENIENT: &[(&str, &[&str], &str, &str)] = &[
         "out of range for rank",
         "the CPU EP ignores axes it does not recognise (it knows only [0, 2, 3] and [2, 3])",
     ),
+    (
+        "MeanVarianceNormalization",
+        &["attr-nonsense-list"],
+        "Duplicate axes",
+        "the CPU EP ignores axes it does not recognise (it knows only [0, 2, 3] and [2, 3])",
+    ),
+    (
+        "Compress",
+        SHAPES,
+        "condition has",
+        "the CPU EP takes a condition of any rank or length and ignores the values past the axis",
+    ),
+    (
+        "Concat",
+        &["attr-out-of-range", "attr-nonsense-list", "size-0-dim"],
+        "must match exactly except for the concatenation axis",
+        "the CPU EP skips empty inputs without checking their other dims",
+    ),
+    (
+        "TopK",
+        &["huge-shape-value"],
+        "is out of range for axis",
+        "the CPU EP answers an empty top-k for k past the axis",
+    ),
+    (
+        "com.microsoft:GatherBlockQuantized",
+        &["index-out-of-range", "huge-shape-value"],
+        "indices out of range",
+        "the CPU EP does not check indices (it answers zeros for rows past the table)",
+    ),
 ];
+
+/// The mutations that change the shapes fed.
+const SHAPES: &[&str] = &["shape-disagrees", "size-0-dim", "rank-0", "rank-over-6"];
 
 /// Turns a spurious error into [`Class::Lenient`] where [`CPU_LENIENT`] says the CPU EP is the
 /// lenient one for this op and mutation.
