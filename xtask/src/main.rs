@@ -6,6 +6,7 @@ mod bench;
 mod conformance;
 mod demo;
 mod env;
+mod fuzz;
 mod setup;
 mod test;
 mod util;
@@ -35,6 +36,11 @@ commands:
                         suites, regenerating docs/CONFORMANCE.md; --json writes both as one object
   conformance --replay DIR
                         re-runs a saved failing case (target/conformance/failures/...)
+  fuzz [--cases N] [--seed S] [--op NAME] [--mutation NAME] [--jobs J] [--timeout SECONDS]
+                        the bad-input fuzzer: valid cases from every spec, mutated (bad attributes,
+                        shapes, values, types, absent inputs), each in a child process on the CPU EP
+                        and the MLX EP; crashes, hangs, wrong answers and spurious errors fail
+  fuzz --replay DIR     re-runs a saved fuzz failure (target/fuzz/failures/...)
   wheel [--debug] [--cuda]
                         the Python package (onnxruntime-mlx-ep) as a wheel under target/wheels/
   test                  everything CI runs: setup, build, cargo test, the Python check, and the
@@ -56,6 +62,7 @@ fn main() -> ExitCode {
         "bench" => bench::bench(rest),
         "test" => test::run(rest),
         "conformance" => conformance::run(rest),
+        "fuzz" => fuzz::run(rest),
         "wheel" => wheel::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");

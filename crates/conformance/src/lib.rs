@@ -8,6 +8,7 @@
 //! shrunk and saved under `target/conformance/failures/` with a command that replays it.
 
 pub mod chains;
+pub mod fuzz;
 pub mod model;
 pub mod suite;
 

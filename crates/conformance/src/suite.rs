@@ -154,15 +154,17 @@ pub fn registered_ops() -> BTreeSet<(String, String)> {
     ep_core::registry::LOWERINGS.iter().map(|l| (l.domain().to_owned(), l.op_type().to_owned())).collect()
 }
 
+/// Every registered spec, then the multi-node chains.
+pub fn specs_and_chains() -> Vec<&'static OpSpec> {
+    conformance_spec::specs().into_iter().chain([&CHAINS, &QUANT_CHAIN, &EXACT_CONSTANT_CHAIN]).collect()
+}
+
 /// Runs the suite.
 pub fn run(opts: &Options) -> Report {
     let started = Instant::now();
     let mut report = Report::default();
-    let specs: Vec<&'static OpSpec> = conformance_spec::specs()
-        .into_iter()
-        .chain([&CHAINS, &QUANT_CHAIN, &EXACT_CONSTANT_CHAIN])
-        .filter(|s| opts.op.as_deref().is_none_or(|op| op == s.op()))
-        .collect();
+    let specs: Vec<&'static OpSpec> =
+        specs_and_chains().into_iter().filter(|s| opts.op.as_deref().is_none_or(|op| op == s.op())).collect();
     let spec_keys: BTreeSet<(String, String)> =
         conformance_spec::specs().iter().map(|s| (s.domain().to_owned(), s.op().to_owned())).collect();
     (report.missing_specs, report.orphan_specs) = spec_coverage(&registered_ops(), &spec_keys);
@@ -261,11 +263,11 @@ fn case_has_f64(case: &Case) -> bool {
         || case.outputs.iter().any(|o| o.1 == DType::F64)
 }
 
-fn display_name(domain: &str, op: &str) -> String {
+pub(crate) fn display_name(domain: &str, op: &str) -> String {
     if domain.is_empty() { op.to_owned() } else { format!("{domain}:{op}") }
 }
 
-fn seed_bytes(seed: u64, domain: &str, op: &str) -> [u8; 32] {
+pub(crate) fn seed_bytes(seed: u64, domain: &str, op: &str) -> [u8; 32] {
     // FNV-1a of the op name, so each op draws its own sequence from the one suite seed.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in domain.bytes().chain(op.bytes()) {

@@ -1,0 +1,47 @@
+//! `cargo xtask fuzz [--cases N] [--seed S] [--op NAME] [--mutation NAME] [--jobs J]
+//! [--timeout SECONDS] [--memory-mb MB]` and `cargo xtask fuzz --replay DIR`.
+//!
+//! The bad-input fuzzer (`mlx-ep-conformance --fuzz`): valid cases from every lowering's
+//! conformance spec, each mutated into a malformed one and run in a child process on ORT's CPU
+//! EP and the MLX EP; crashes, hangs, wrong answers and spurious errors fail the run and are
+//! saved under `target/fuzz/failures/` with the command that replays them.
+
+use crate::setup;
+use crate::util::{self, Result, step};
+
+// The bounded run meant for `cargo xtask test` (a fixed seed, about 1.5 minutes on two cores
+// with a warm MLX kernel cache): `cargo xtask fuzz --cases 2000 --seed 20261203`. It joins the
+// test command once the failures it still finds are fixed.
+
+pub fn run(args: &[String]) -> Result {
+    let mut forwarded = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--cases" | "--seed" | "--op" | "--mutation" | "--jobs" | "--timeout" | "--memory-mb"
+            | "--failures-dir" => {
+                let v = it.next().ok_or(format!("fuzz: {a} needs a value"))?;
+                forwarded.extend([a.clone(), v.clone()]);
+            }
+            "--replay" => {
+                let v = it.next().ok_or("fuzz: --replay needs a directory")?;
+                forwarded.extend(["--fuzz-replay".to_string(), v.clone()]);
+            }
+            other => return Err(format!("fuzz: unknown option `{other}`")),
+        }
+    }
+    setup::ensure(None)?;
+    util::run(util::cargo().args(["build", "-p", "onnxruntime-mlx-ep"]))?;
+    fuzzer(&forwarded)
+}
+
+/// Runs `mlx-ep-conformance --fuzz` (or `--fuzz-replay`) against the debug plugin.
+fn fuzzer(args: &[String]) -> Result {
+    step("bad-input fuzzer (mlx-ep-conformance --fuzz)");
+    let mut cmd = util::cargo();
+    cmd.args(["run", "-q", "-p", "conformance", "--bin", "mlx-ep-conformance", "--"]);
+    if !args.iter().any(|a| a == "--fuzz-replay") {
+        cmd.arg("--fuzz");
+    }
+    util::run(cmd.args(args).env("ORT_MLX_EP_LIB", util::plugin_path("debug")))
+}
