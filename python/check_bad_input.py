@@ -85,7 +85,7 @@ def cases():
         {"x": DATA, "i": np.array([[-4]], dtype=np.int64), "u": np.full((1, 3), 7.0, np.float32)},
     )
     # Position ids past the cos/sin caches.
-    for label, p in {"past-end": 16, "negative": -1}.items():
+    for label, p in {"past-end": 16, "negative": -1, "2^40": 1 << 40}.items():
         out[f"RotaryEmbedding[{label}]"] = (
             model(helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], name="rotary",
                                    domain="com.microsoft"),

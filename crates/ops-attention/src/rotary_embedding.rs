@@ -71,9 +71,10 @@ fn lower_ms(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let x = &ctx.input(0)?.clone();
     let (batch, seq) = (x.shape()[0], seq_len(x));
-    let ids = ops::astype(ctx.input(1)?, Dtype::I32, s)?;
+    // int64 until the range check in `rotary::angles` (a narrowing cast would wrap 2^40).
+    let ids = ops::astype(ctx.input(1)?, Dtype::I64, s)?;
     let positions = if ids.size() == 1 {
-        let steps = ops::reshape(&ops::arange(0.0, seq as f64, 1.0, Dtype::I32, s)?, &[1, seq], s)?;
+        let steps = ops::reshape(&ops::arange(0.0, seq as f64, 1.0, Dtype::I64, s)?, &[1, seq], s)?;
         ops::broadcast_to(&ops::add(&ops::reshape(&ids, &[1, 1], s)?, &steps, s)?, &[batch, seq], s)?
     } else {
         ids
