@@ -57,6 +57,7 @@ pub fn run(args: &[String]) -> Result {
     for (what, script) in [
         ("Bad input: every case in a child process, errors as the CPU EP raises them", "check_bad_input.py"),
         ("Concurrent runs: one session on 4 threads, 4 sessions, churn", "check_concurrency.py"),
+        ("The EP's memory as a device: allocator, data transfer, IOBinding, options", "check_device_memory.py"),
         ("Dynamically quantized T5/BERT models against the CPU EP", "check_quantized_models.py"),
     ] {
         step(what);

@@ -6,7 +6,7 @@
 //! - [`registry`]: the index of registered lowerings, built once.
 //! - [`graph`]: a safe, owned description of the ONNX graph ORT hands the EP.
 //! - [`growth`]: how a lowering answers the decode slot (inputs that grow between runs).
-//! - [`knobs`]: the environment variables the EP reads, declared once.
+//! - [`options`]: the provider options and environment variables the EP reads, declared once.
 //! - [`partition`]: which claimed nodes are fused together.
 //! - [`exec`]: the compiled form of one partition and how it runs.
 //! - `ort_abi`: the ORT plugin C ABI (factory, EP, compute callbacks); the only other home of
@@ -17,9 +17,9 @@ pub mod error;
 pub mod exec;
 pub mod graph;
 pub mod growth;
-pub mod knobs;
 pub mod lowering;
 pub mod mlx;
+pub mod options;
 pub mod partition;
 pub mod registry;
 pub mod shared;

@@ -55,6 +55,8 @@ pub struct SessionStats {
     pub copied_in_bytes: AtomicU64,
     /// Input bytes read in place (CPU device, no copy).
     pub borrowed_in_bytes: AtomicU64,
+    /// Input bytes already in the EP's memory (a device value), read where they are.
+    pub device_in_bytes: AtomicU64,
     /// Input bytes unchanged since the previous run, whose earlier copy was reused.
     pub reused_in_bytes: AtomicU64,
     pub copied_out_bytes: AtomicU64,
@@ -175,11 +177,12 @@ impl SessionStats {
         );
         let _ = writeln!(
             s,
-            "  evaluations: {}; bytes copied in: {}, out: {} (inputs read in place: {} bytes; unchanged, not copied again: {} bytes)",
+            "  evaluations: {}; bytes copied in: {}, out: {} (inputs read in place: {} bytes; in the EP's memory: {} bytes; unchanged, not copied again: {} bytes)",
             Self::count(&self.evaluations),
             Self::count(&self.copied_in_bytes),
             Self::count(&self.copied_out_bytes),
             Self::count(&self.borrowed_in_bytes),
+            Self::count(&self.device_in_bytes),
             Self::count(&self.reused_in_bytes)
         );
         let _ = writeln!(

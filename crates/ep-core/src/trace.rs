@@ -34,11 +34,6 @@ fn thread_number() -> u64 {
 }
 
 impl Tracer {
-    /// A tracer when `ONNXRUNTIME_EP_MLX_TRACE` names a file.
-    pub fn from_env() -> Option<Tracer> {
-        crate::knobs::TRACE.path().map(Tracer::new)
-    }
-
     pub fn new(path: PathBuf) -> Tracer {
         Tracer { path, origin: Instant::now(), events: Mutex::new(Vec::new()) }
     }

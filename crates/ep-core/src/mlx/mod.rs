@@ -11,6 +11,7 @@
 
 mod array;
 mod closure;
+pub mod device;
 mod dtype;
 pub mod ops;
 mod stream;
@@ -19,8 +20,9 @@ mod tests;
 
 pub use array::{Array, VectorArray};
 pub use closure::Closure;
+pub use device::default_device_is_gpu;
 pub use dtype::Dtype;
-pub use stream::{Stream, default_device_is_gpu};
+pub use stream::Stream;
 
 use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_int, c_void};
@@ -77,11 +79,33 @@ pub(crate) fn check(rc: c_int) -> Result<()> {
     Err(MlxError(msg))
 }
 
+thread_local! {
+    /// How many [`MlxGuard`]s this thread holds.
+    static LOCK_DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// Serialises MLX graph construction and evaluation across threads. MLX's scheduler and
 /// default streams are process-global; partitions from several sessions may run concurrently.
-pub fn lock() -> MutexGuard<'static, ()> {
+///
+/// Re-entrant on one thread: a partition run holds it while ORT allocates the run's outputs
+/// through the EP's allocator, which takes it again.
+pub fn lock() -> MlxGuard {
     static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    let depth = LOCK_DEPTH.with(|d| d.get());
+    let guard = (depth == 0).then(|| LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+    LOCK_DEPTH.with(|d| d.set(depth + 1));
+    MlxGuard { _guard: guard }
+}
+
+/// Held while MLX work runs; see [`lock`]. Not `Send`: it is released on the thread that took it.
+pub struct MlxGuard {
+    _guard: Option<MutexGuard<'static, ()>>,
+}
+
+impl Drop for MlxGuard {
+    fn drop(&mut self) {
+        LOCK_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+    }
 }
 
 /// Bytes of memory held by live MLX arrays (excluding MLX's buffer cache).

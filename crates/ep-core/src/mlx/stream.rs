@@ -41,25 +41,6 @@ impl Stream {
     }
 }
 
-/// Whether MLX's default device is a GPU (Metal or CUDA backends), where float64 does not run.
-/// Read once per process.
-pub fn default_device_is_gpu() -> bool {
-    static GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *GPU.get_or_init(read_default_device_is_gpu)
-}
-
-fn read_default_device_is_gpu() -> bool {
-    init();
-    // SAFETY: out-handles are created by mlx-c and freed on every path.
-    unsafe {
-        let mut dev = mlx_sys::mlx_device_new();
-        let mut kind = mlx_sys::mlx_device_type::MLX_CPU;
-        let ok = mlx_sys::mlx_get_default_device(&mut dev) == 0 && mlx_sys::mlx_device_get_type(&mut kind, dev) == 0;
-        mlx_sys::mlx_device_free(dev);
-        ok && kind == mlx_sys::mlx_device_type::MLX_GPU
-    }
-}
-
 impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: we own the handle.

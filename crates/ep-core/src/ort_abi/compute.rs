@@ -19,10 +19,12 @@ pub struct ComputeInfo {
     table: OrtNodeComputeInfo,
     plan: Plan,
     memo: std::sync::Mutex<Vec<InputMemo>>,
+    /// The session's `zero_copy` option.
+    zero_copy: bool,
 }
 
 impl ComputeInfo {
-    pub fn new(plan: Plan) -> Box<ComputeInfo> {
+    pub fn new(plan: Plan, zero_copy: bool) -> Box<ComputeInfo> {
         Box::new(ComputeInfo {
             table: OrtNodeComputeInfo {
                 ort_version_supported: TABLE_VERSION,
@@ -32,6 +34,7 @@ impl ComputeInfo {
             },
             plan,
             memo: std::sync::Mutex::new(Vec::new()),
+            zero_copy,
         })
     }
 }
@@ -63,11 +66,12 @@ unsafe extern "system" fn compute(
         // SAFETY: `this` is a `ComputeInfo` created by `compile`.
         let info = unsafe { &*this.cast::<ComputeInfo>() };
         let plan = &info.plan;
-        run(plan, &info.memo, ctx).map_err(|e| Error::new(format!("partition '{}': {e}", plan.name())))
+        run(info, ctx).map_err(|e| Error::new(format!("partition '{}': {e}", plan.name())))
     })
 }
 
-fn run(plan: &Plan, memo: &std::sync::Mutex<Vec<InputMemo>>, ctx: *mut OrtKernelContext) -> Result<()> {
+fn run(info: &ComputeInfo, ctx: *mut OrtKernelContext) -> Result<()> {
+    let plan = &info.plan;
     let mut count = 0usize;
     ort_call!(KernelContext_GetInputCount(ctx, &mut count))?;
     if count != plan.inputs().len() {
@@ -77,7 +81,7 @@ fn run(plan: &Plan, memo: &std::sync::Mutex<Vec<InputMemo>>, ctx: *mut OrtKernel
     let run_started = Instant::now();
     let (inputs, values) = {
         let _copy_in = plan.stats().phase(Phase::CopyIn, plan.name());
-        copy_in::bind_inputs(plan, memo, ctx, count)?
+        copy_in::bind_inputs(plan, &info.memo, info.zero_copy, ctx, count)?
     };
     // Held until the outputs are copied: borrowed inputs must keep a second reference (MLX
     // never donates their buffers to outputs) and must not outlive this call.

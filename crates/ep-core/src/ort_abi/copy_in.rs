@@ -1,6 +1,8 @@
-//! Copy-in: each ORT input of a partition run as an MLX array, read in place where it can be
-//! (the CPU device), else copied, reusing the previous run's copy of an unchanged input.
+//! Copy-in: each ORT input of a partition run as an MLX array: a view where it lives in the
+//! EP's memory, read in place where it can be (host memory on the CPU device), else copied,
+//! reusing the previous run's copy of an unchanged input.
 
+use super::device::Blocks;
 use super::graph_reader::{TensorRef, reads_in_place, tensor_ref, tensor_to_array};
 use super::ort_call;
 use crate::exec::Plan;
@@ -64,6 +66,7 @@ impl InputMemo {
 pub(super) fn bind_inputs(
     plan: &Plan,
     memo: &std::sync::Mutex<Vec<InputMemo>>,
+    zero_copy: bool,
     ctx: *mut OrtKernelContext,
     count: usize,
 ) -> Result<(Vec<mlx::Array>, Vec<*const OrtValue>)> {
@@ -79,7 +82,15 @@ pub(super) fn bind_inputs(
         }
         // SAFETY: ORT keeps input values alive during Compute.
         let t = unsafe { tensor_ref(value)? };
-        let in_place = reads_in_place(&t);
+        // A tensor in the EP's memory (a GPU's, or bound there by the caller) is read where
+        // it is.
+        if let Some(array) = device_view(plan, &t)? {
+            plan.stats().device_in_bytes.fetch_add(t.bytes.len() as u64, Ordering::Relaxed);
+            inputs.push(array);
+            values.push(value);
+            continue;
+        }
+        let in_place = reads_in_place(&t, zero_copy);
         if !in_place && let Some(array) = memo[i].lookup(&t) {
             plan.stats().reused_in_bytes.fetch_add(t.bytes.len() as u64, Ordering::Relaxed);
             inputs.push(array);
@@ -100,4 +111,13 @@ pub(super) fn bind_inputs(
     }
     drop(memo);
     Ok((inputs, values))
+}
+
+/// The tensor as a view of the EP's memory, when it lives there.
+fn device_view(plan: &Plan, t: &TensorRef<'_>) -> Result<Option<mlx::Array>> {
+    if t.bytes.is_empty() || t.elem_type.unpacked_4bit().is_some() {
+        return Ok(None);
+    }
+    let Some(dtype) = t.elem_type.to_mlx() else { return Ok(None) };
+    Blocks::global().view(t.bytes.as_ptr(), &t.shape, dtype, plan.stream())
 }

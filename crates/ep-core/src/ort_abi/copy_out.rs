@@ -1,12 +1,13 @@
-//! Copy-out: a run's evaluated outputs into the buffers ORT allocates for them: whole, packed
+//! Copy-out: a run's evaluated outputs into the buffers ORT allocates for them (host memory or
+//! the EP's, by a device copy where it can): whole, packed
 //! two int4 values per byte, or (an output ORT bound to the buffer of the input it updates)
 //! only the rows that changed.
 
+use super::device::{copy_many, tensor_bytes};
 use super::ort_call;
 use crate::exec::{Plan, RunOutputs, WriteBack};
 use crate::{Error, Result, mlx};
 use ort_sys::{OrtKernelContext, OrtValue};
-use std::ffi::c_void;
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering;
 
@@ -25,10 +26,10 @@ pub(super) fn write_outputs(
         if value.is_null() {
             return Err(Error::new(format!("ORT gave no buffer for output '{}'", out.name)));
         }
-        let (data, size) = tensor_buffer(value)?;
+        let (data, size) = tensor_bytes(value)?;
         // An output ORT bound to the buffer of the input it updates: copy the changed rows only.
         if let Some(wb) = run.write_backs.iter().find(|wb| wb.output == out.name)
-            && tensor_buffer(values[wb.input] as *mut OrtValue)?.0 == data
+            && tensor_bytes(values[wb.input])?.0 == data
         {
             let written = copy_rows(wb, data, size)?;
             plan.stats().written_back_bytes.fetch_add(written as u64, Ordering::Relaxed);
@@ -57,33 +58,42 @@ pub(super) fn write_outputs(
             plan.stats().copied_out_bytes.fetch_add(size as u64, Ordering::Relaxed);
             continue;
         }
-        if array.host_bytes().is_none() {
-            // A view (or an array MLX left unevaluated): making it contiguous is one more
-            // evaluation, counted as such.
-            plan.stats().evaluations.fetch_add(1, Ordering::Relaxed);
+        let dense = match array.host_bytes() {
+            Some(_) => array.clone(),
+            None => {
+                // A view (or an array MLX left unevaluated): making it contiguous is one more
+                // evaluation, counted as such.
+                plan.stats().evaluations.fetch_add(1, Ordering::Relaxed);
+                let d = mlx::ops::contiguous(array, plan.stream())?;
+                d.eval()?;
+                d
+            }
+        };
+        let src = dense.host_bytes().ok_or_else(|| Error::new(format!("output '{}' was not evaluated", out.name)))?;
+        if src.len() != size {
+            return Err(Error::new(format!(
+                "output '{}': ORT's buffer holds {size} bytes, the result {}",
+                out.name,
+                src.len()
+            )));
         }
-        array.copy_to(buf, plan.stream()).map_err(|e| Error::new(format!("output '{}': {e}", out.name)))?;
+        // The output is the buffer its input was read from in place: already there.
+        if !std::ptr::eq(src.as_ptr(), data) {
+            // SAFETY: ORT allocated `size` bytes at `data` for this output; `src` is the
+            // evaluated result's memory, distinct from it.
+            unsafe { copy_many(&[(data, src.as_ptr(), size)]) }
+                .map_err(|e| Error::new(format!("output '{}': {e}", out.name)))?;
+        }
         plan.stats().copied_out_bytes.fetch_add(size as u64, Ordering::Relaxed);
     }
     Ok(())
-}
-
-/// A tensor's data pointer and size in bytes.
-fn tensor_buffer(value: *mut OrtValue) -> Result<(*mut u8, usize)> {
-    let mut size = 0usize;
-    ort_call!(GetTensorSizeInBytes(value, &mut size))?;
-    let mut data: *mut c_void = null_mut();
-    ort_call!(GetTensorMutableData(value, &mut data))?;
-    if data.is_null() && size > 0 {
-        return Err(Error::new("a tensor has no data"));
-    }
-    Ok((data.cast::<u8>(), size))
 }
 
 /// Copies the changed rows of a write-back into `dst` (`size` bytes); returns the bytes copied.
 fn copy_rows(wb: &WriteBack, dst: *mut u8, size: usize) -> Result<usize> {
     let src = wb.array.host_bytes().ok_or_else(|| Error::new("an in-place update was not evaluated"))?;
     let mut copied = 0;
+    let mut copies = Vec::with_capacity(wb.chunks.len());
     for (from, to) in &wb.chunks {
         if from.end > src.len() || to + from.len() > size {
             return Err(Error::new(format!(
@@ -91,10 +101,12 @@ fn copy_rows(wb: &WriteBack, dst: *mut u8, size: usize) -> Result<usize> {
                 src.len()
             )));
         }
-        // SAFETY: both ranges lie within their buffers (checked above); the source is MLX
-        // memory, the destination ORT's buffer, so they do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(from.start), dst.add(*to), from.len()) };
+        // SAFETY: both ranges lie within their buffers (checked above).
+        copies.push((unsafe { dst.add(*to) }, unsafe { src.as_ptr().add(from.start) }, from.len()));
         copied += from.len();
     }
+    // SAFETY: the source is the update's MLX memory, the destinations rows of ORT's buffer
+    // (host or the EP's memory), so they do not overlap.
+    unsafe { copy_many(&copies) }?;
     Ok(copied)
 }

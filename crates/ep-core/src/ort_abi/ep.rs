@@ -8,10 +8,11 @@ use super::{check_status, ep_api, ort_call};
 use crate::exec::Plan;
 use crate::graph::ElemType;
 use crate::graph::NodeInfo;
+use crate::options::Options;
 use crate::partition::{PartNode, partition, topological_order};
 use crate::stats::SessionStats;
 use crate::{EP_NAME, Error, Result, registry};
-use ort_sys::{OrtGraph, OrtNode, OrtSessionOptions, OrtStatusPtr, OrtValueInfo};
+use ort_sys::{OrtGraph, OrtKeyValuePairs, OrtNode, OrtSessionOptions, OrtStatusPtr, OrtValueInfo};
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, c_char};
 use std::sync::Arc;
@@ -22,15 +23,13 @@ const COMPAT: &CStr = c"onnxruntime-mlx";
 #[repr(C)]
 pub struct Ep {
     table: OrtEp,
-    claim_debug: bool,
-    verbose: bool,
-    compile: bool,
+    options: Options,
     stats: Arc<SessionStats>,
 }
 
 impl Drop for Ep {
     fn drop(&mut self) {
-        if self.verbose {
+        if self.options.verbose {
             eprint!("{}", self.stats.summary());
         }
         self.stats.finish();
@@ -38,7 +37,14 @@ impl Drop for Ep {
 }
 
 impl Ep {
-    pub fn new(_session_options: *const OrtSessionOptions) -> Result<Box<Ep>> {
+    /// An EP for one session, configured by the session's provider options (an unknown key
+    /// or a bad value is an error naming it).
+    pub fn new(session_options: *const OrtSessionOptions) -> Result<Box<Ep>> {
+        let entries = session_entries(session_options)?;
+        let options = Options::resolve(entries.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .map_err(|e| Error::new(format!("{EP_NAME}: {e}")))?;
+        apply_process_options(&options).map_err(|e| Error::new(format!("{EP_NAME}: {e}")))?;
+        let tracer = options.trace.clone().map(crate::trace::Tracer::new);
         Ok(Box::new(Ep {
             table: OrtEp {
                 ort_version_supported: TABLE_VERSION,
@@ -57,12 +63,52 @@ impl Ep {
                 GetKernelRegistry: None,
                 IsConcurrentRunSupported: Some(concurrent_run_supported),
             },
-            claim_debug: crate::knobs::CLAIM_DEBUG.on(),
-            verbose: crate::knobs::VERBOSE.on(),
-            compile: crate::knobs::COMPILE.on(),
-            stats: Arc::new(SessionStats::with_tracer(crate::trace::Tracer::from_env())),
+            options,
+            stats: Arc::new(SessionStats::with_tracer(tracer)),
         }))
     }
+}
+
+/// Every configuration entry of the session (ORT's own and the `ep.mlxexecutionprovider.*`
+/// provider options).
+fn session_entries(session_options: *const OrtSessionOptions) -> Result<Vec<(String, String)>> {
+    if session_options.is_null() {
+        return Ok(Vec::new());
+    }
+    let mut kvps: *mut OrtKeyValuePairs = std::ptr::null_mut();
+    ort_call!(GetSessionOptionsConfigEntries(session_options, &mut kvps))?;
+    if kvps.is_null() {
+        return Ok(Vec::new());
+    }
+    let api = super::api();
+    let (mut keys, mut values, mut count) = (std::ptr::null(), std::ptr::null(), 0usize);
+    // SAFETY: `kvps` is a valid set ORT created for us; the arrays hold `count` strings owned
+    // by it, copied out before it is released (once).
+    unsafe {
+        (api.GetKeyValuePairs)(kvps, &mut keys, &mut values, &mut count);
+        let mut out = Vec::with_capacity(count);
+        if count > 0 && !keys.is_null() && !values.is_null() {
+            let (keys, values) = (std::slice::from_raw_parts(keys, count), std::slice::from_raw_parts(values, count));
+            for (&k, &v) in keys.iter().zip(values) {
+                out.push((super::c_str(k), super::c_str(v)));
+            }
+        }
+        (api.ReleaseKeyValuePairs)(kvps);
+        Ok(out)
+    }
+}
+
+/// The process-wide settings a session asks for: MLX's device and TF32 mode (settled by the
+/// first session, an error when a later one contradicts them) and the memory limits.
+fn apply_process_options(options: &Options) -> Result<()> {
+    crate::mlx::device::settle(options.device, options.tf32)?;
+    if let Some(limit) = options.memory_limit {
+        crate::mlx::device::set_memory_limit(usize::try_from(limit).unwrap_or(usize::MAX))?;
+    }
+    if let Some(limit) = options.cache_limit {
+        crate::mlx::device::set_cache_limit(usize::try_from(limit).unwrap_or(usize::MAX))?;
+    }
+    Ok(())
 }
 
 /// Runs of one session from several threads are supported: every partition run holds the
@@ -166,7 +212,7 @@ unsafe extern "system" fn get_capability(
         if !parent.is_null() {
             let owner = read_node(parent)?;
             if decide(registry::global()?, &owner).is_ok() {
-                if ep.claim_debug {
+                if ep.options.claim_debug {
                     eprintln!(
                         "[{EP_NAME}] subgraph of node '{}' ({}) is left to that node",
                         owner.name,
@@ -179,7 +225,7 @@ unsafe extern "system" fn get_capability(
         let raw = graph_nodes(graph)?;
         let nodes = raw.iter().map(|&n| read_node(n)).collect::<Result<Vec<_>>>()?;
         let claims = claim_and_partition(nodes)?;
-        if ep.claim_debug {
+        if ep.options.claim_debug {
             report_claims(&claims);
         }
         let claimed_ops: Vec<String> = claims
@@ -247,7 +293,7 @@ unsafe extern "system" fn compile(
             unsafe { (std::slice::from_raw_parts(graphs, count), std::slice::from_raw_parts(fused_nodes, count)) };
         let mut built: Vec<Box<ComputeInfo>> = Vec::with_capacity(count);
         for (&graph, &fused_node) in graphs.iter().zip(fused) {
-            built.push(ComputeInfo::new(build_plan(ep, graph, fused_node)?));
+            built.push(ComputeInfo::new(build_plan(ep, graph, fused_node)?, ep.options.zero_copy));
         }
         for (i, info) in built.into_iter().enumerate() {
             // SAFETY: slot `i` exists; ORT releases it through `release_node_compute_infos`.
@@ -300,7 +346,16 @@ fn build_plan(ep: &Ep, graph: *const OrtGraph, fused_node: *const OrtNode) -> Re
 
     let mut nodes: Vec<Option<NodeInfo>> = nodes.into_iter().map(Some).collect();
     let ordered = order.into_iter().map(|i| nodes[i].take().expect("each node once")).collect();
-    Plan::new(name, ordered, runtime_inputs, outputs, constants, registry::global()?, Arc::clone(&ep.stats), ep.compile)
+    Plan::new(
+        name,
+        ordered,
+        runtime_inputs,
+        outputs,
+        constants,
+        registry::global()?,
+        Arc::clone(&ep.stats),
+        ep.options.compile,
+    )
 }
 
 unsafe extern "system" fn release_node_compute_infos(

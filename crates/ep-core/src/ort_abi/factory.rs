@@ -1,10 +1,11 @@
 //! `CreateEpFactories` / `ReleaseEpFactory` and the `OrtEpFactory` table.
 
 use super::boundary::{guard, guard_value, non_null};
+use super::device::{Allocator, DataTransfer, DeviceMemory};
 use super::ep::Ep;
 use super::ep_api;
 use super::tables::{OrtDataTransferImpl, OrtEp, OrtEpFactory, OrtMemoryDevice, OrtSyncStreamImpl, TABLE_VERSION};
-use crate::{EP_NAME, Error, MIN_ORT_API_VERSION};
+use crate::{EP_NAME, Error, MIN_ORT_API_VERSION, Result};
 use ort_sys::{
     OrtAllocator, OrtApiBase, OrtCompiledModelCompatibility, OrtEpDevice, OrtErrorCode, OrtHardwareDevice,
     OrtHardwareDeviceType, OrtKeyValuePairs, OrtLogger, OrtMemoryInfo, OrtSessionOptions, OrtStatusPtr,
@@ -156,26 +157,91 @@ unsafe extern "system" fn get_supported_devices(
         }
         // SAFETY: ORT passes `num_devices` valid hardware-device pointers.
         let devices = unsafe { std::slice::from_raw_parts(devices, num_devices) };
-        for &device in devices {
-            // SAFETY: a valid hardware device from ORT.
-            let ty = unsafe { (super::api().HardwareDevice_Type)(device) };
-            if ty != OrtHardwareDeviceType::OrtHardwareDeviceType_CPU {
-                continue;
+        let Some((device, vendor)) = pick_device(devices) else { return Ok(()) };
+        let gpu = crate::mlx::default_device_is_gpu();
+        let device_memory = gpu || crate::options::DEVICE_MEMORY.env_on();
+        let metadata = Metadata::new(&[
+            ("mlx.backend", backend_name()),
+            ("mlx.version", &crate::mlx::version().unwrap_or_default()),
+            ("mlx.memory", if device_memory { "device" } else { "host" }),
+        ])?;
+        let mut ep_device: *mut OrtEpDevice = std::ptr::null_mut();
+        // SAFETY: `this` is our factory; ORT copies the metadata and takes ownership of the
+        // created device.
+        let status = unsafe { (ep_api().CreateEpDevice)(this, device, metadata.0, std::ptr::null(), &mut ep_device) };
+        super::check_status(status, "CreateEpDevice")?;
+        if device_memory {
+            let memory = DeviceMemory::get_or_create(vendor)?;
+            // SAFETY: a device just created and the EP's memory info, which ORT copies.
+            let status = unsafe { (ep_api().EpDevice_AddAllocatorInfo)(ep_device, memory.info()) };
+            if let Err(e) = super::check_status(status, "EpDevice_AddAllocatorInfo") {
+                // SAFETY: the device was not handed to ORT yet.
+                unsafe { (ep_api().ReleaseEpDevice)(ep_device) };
+                return Err(e);
             }
-            let mut ep_device: *mut OrtEpDevice = std::ptr::null_mut();
-            // SAFETY: `this` is our factory; ORT takes ownership of the created device.
-            let status =
-                unsafe { (ep_api().CreateEpDevice)(this, device, std::ptr::null(), std::ptr::null(), &mut ep_device) };
-            super::check_status(status, "CreateEpDevice")?;
-            // SAFETY: `ep_devices` holds room for `max_ep_devices` (at least 1) entries; both are ORT's.
-            unsafe {
-                *ep_devices = ep_device;
-                *num_ep_devices = 1;
-            }
-            break;
+        }
+        // SAFETY: `ep_devices` holds room for `max_ep_devices` (at least 1) entries; both are ORT's.
+        unsafe {
+            *ep_devices = ep_device;
+            *num_ep_devices = 1;
         }
         Ok(())
     })
+}
+
+/// The hardware device the EP runs on, and the vendor id of its memory: on a GPU backend ORT's
+/// GPU device (the CPU's where ORT lists none), else the CPU.
+fn pick_device(devices: &[*const OrtHardwareDevice]) -> Option<(*const OrtHardwareDevice, u32)> {
+    let api = super::api();
+    // SAFETY: valid hardware devices from ORT.
+    let of_type = |ty| devices.iter().copied().find(|&d| unsafe { (api.HardwareDevice_Type)(d) } == ty);
+    let cpu = of_type(OrtHardwareDeviceType::OrtHardwareDeviceType_CPU);
+    if crate::mlx::default_device_is_gpu()
+        && let Some(gpu) = of_type(OrtHardwareDeviceType::OrtHardwareDeviceType_GPU)
+    {
+        // SAFETY: as above.
+        return Some((gpu, unsafe { (api.HardwareDevice_VendorId)(gpu) }));
+    }
+    cpu.map(|d| (d, super::device::CPU_BACKEND_VENDOR))
+}
+
+fn backend_name() -> &'static str {
+    if !crate::mlx::default_device_is_gpu() {
+        "cpu"
+    } else if crate::mlx::device::is_cuda() {
+        "cuda"
+    } else {
+        "metal"
+    }
+}
+
+/// ORT key-value pairs, released on drop.
+struct Metadata(*mut OrtKeyValuePairs);
+
+impl Metadata {
+    fn new(pairs: &[(&str, &str)]) -> Result<Metadata> {
+        let api = super::api();
+        let mut kvps: *mut OrtKeyValuePairs = std::ptr::null_mut();
+        // SAFETY: ORT creates the set; keys and values are copied by AddKeyValuePair.
+        unsafe { (api.CreateKeyValuePairs)(&mut kvps) };
+        if kvps.is_null() {
+            return Err(Error::new("ORT could not create key-value pairs"));
+        }
+        let out = Metadata(kvps);
+        for (k, v) in pairs {
+            let (k, v) = (CString::new(*k).unwrap_or_default(), CString::new(*v).unwrap_or_default());
+            // SAFETY: a valid set and NUL-terminated strings.
+            unsafe { (api.AddKeyValuePair)(out.0, k.as_ptr(), v.as_ptr()) };
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Metadata {
+    fn drop(&mut self) {
+        // SAFETY: created by CreateKeyValuePairs, released once.
+        unsafe { (super::api().ReleaseKeyValuePairs)(self.0) };
+    }
 }
 
 unsafe extern "system" fn create_ep(
@@ -223,20 +289,29 @@ unsafe extern "system" fn validate_compatibility(
 
 unsafe extern "system" fn create_allocator(
     _this: *mut OrtEpFactory,
-    _memory_info: *const OrtMemoryInfo,
+    memory_info: *const OrtMemoryInfo,
     _options: *const OrtKeyValuePairs,
     allocator: *mut *mut OrtAllocator,
 ) -> OrtStatusPtr {
     guard("CreateAllocator", || {
         non_null(allocator, "allocator")?;
-        // Inputs and outputs live in ORT's CPU memory: ORT's default allocator serves.
+        let ours = DeviceMemory::get().filter(|m| std::ptr::eq(m.info(), memory_info));
+        // The EP's memory gets the EP's allocator; host memory is ORT's own.
+        let out = ours.map_or(std::ptr::null_mut(), |m| Box::into_raw(Allocator::new(m)).cast::<OrtAllocator>());
         // SAFETY: `allocator` was checked non-null; ORT passes a writable pointer.
-        unsafe { *allocator = std::ptr::null_mut() };
+        unsafe { *allocator = out };
         Ok(())
     })
 }
 
-unsafe extern "system" fn release_allocator(_this: *mut OrtEpFactory, _allocator: *mut OrtAllocator) {}
+unsafe extern "system" fn release_allocator(_this: *mut OrtEpFactory, allocator: *mut OrtAllocator) {
+    guard_value((), || {
+        if !allocator.is_null() {
+            // SAFETY: created by `create_allocator` with `Box::into_raw`.
+            drop(unsafe { Box::from_raw(allocator.cast::<Allocator>()) });
+        }
+    })
+}
 
 unsafe extern "system" fn create_data_transfer(
     _this: *mut OrtEpFactory,
@@ -244,8 +319,12 @@ unsafe extern "system" fn create_data_transfer(
 ) -> OrtStatusPtr {
     guard("CreateDataTransfer", || {
         non_null(out, "data_transfer")?;
+        let transfer = match DeviceMemory::get() {
+            Some(_) => Box::into_raw(DataTransfer::new()).cast::<OrtDataTransferImpl>(),
+            None => std::ptr::null_mut(),
+        };
         // SAFETY: `out` was checked non-null; ORT passes a writable pointer.
-        unsafe { *out = std::ptr::null_mut() };
+        unsafe { *out = transfer };
         Ok(())
     })
 }

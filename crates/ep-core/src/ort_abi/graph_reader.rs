@@ -287,13 +287,15 @@ pub(crate) unsafe fn tensor_ref<'a>(value: *const OrtValue) -> Result<TensorRef<
     Ok(TensorRef { elem_type: ElemType::from_onnx(elem as i32), shape, bytes })
 }
 
-/// Whether a tensor is read in place rather than copied: on the CPU device, a non-empty
-/// buffer aligned to 64 bytes (ORT's allocations) of a type MLX holds as is, unless
-/// `ONNXRUNTIME_EP_MLX_ZERO_COPY=0`.
-pub(crate) fn reads_in_place(t: &TensorRef<'_>) -> bool {
-    static ZERO_COPY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let zero_copy = *ZERO_COPY.get_or_init(|| !crate::mlx::default_device_is_gpu() && crate::knobs::ZERO_COPY.on());
-    zero_copy && t.elem_type.to_mlx().is_some() && !t.bytes.is_empty() && (t.bytes.as_ptr() as usize).is_multiple_of(64)
+/// Whether a host tensor is read in place rather than copied: on the CPU device, a non-empty
+/// buffer aligned to 64 bytes (ORT's allocations) of a type MLX holds as is, unless the
+/// session's `zero_copy` option is off.
+pub(crate) fn reads_in_place(t: &TensorRef<'_>, zero_copy: bool) -> bool {
+    zero_copy
+        && !crate::mlx::default_device_is_gpu()
+        && t.elem_type.to_mlx().is_some()
+        && !t.bytes.is_empty()
+        && (t.bytes.as_ptr() as usize).is_multiple_of(64)
 }
 
 /// A tensor as an MLX array: borrowed when `in_place` (decided by [`reads_in_place`]), else

@@ -7,8 +7,9 @@
 #![allow(non_snake_case, non_camel_case_types)]
 
 use ort_sys::{
-    OrtAllocator, OrtCompiledModelCompatibility, OrtEpDevice, OrtGraph, OrtHardwareDevice, OrtKernelContext,
-    OrtKeyValuePairs, OrtLogger, OrtMemoryInfo, OrtNode, OrtRunOptions, OrtSessionOptions, OrtStatusPtr,
+    OrtAllocator, OrtCompiledModelCompatibility, OrtDeviceMemoryType, OrtEpDevice, OrtGraph, OrtHardwareDevice,
+    OrtKernelContext, OrtKeyValuePairs, OrtLogger, OrtMemoryInfo, OrtMemoryInfoDeviceType, OrtNode, OrtRunOptions,
+    OrtSessionOptions, OrtStatusPtr, OrtValue,
 };
 use std::ffi::{c_char, c_int, c_void};
 
@@ -28,9 +29,32 @@ opaque!(
     OrtNodeComputeContext,
     OrtMemoryDevice,
     OrtSyncStreamImpl,
-    OrtDataTransferImpl,
+    OrtSyncStream,
     OrtKernelRegistry
 );
+
+/// `OrtDataTransferImpl`: copies between the EP's memory and the host.
+#[repr(C)]
+pub struct OrtDataTransferImpl {
+    pub ort_version_supported: u32,
+    pub Release: Option<unsafe extern "system" fn(this_ptr: *mut OrtDataTransferImpl)>,
+    pub CanCopy: Option<
+        unsafe extern "system" fn(
+            this_ptr: *const OrtDataTransferImpl,
+            src: *const OrtMemoryDevice,
+            dst: *const OrtMemoryDevice,
+        ) -> bool,
+    >,
+    pub CopyTensors: Option<
+        unsafe extern "system" fn(
+            this_ptr: *mut OrtDataTransferImpl,
+            src_tensors: *const *const OrtValue,
+            dst_tensors: *const *mut OrtValue,
+            streams: *const *mut OrtSyncStream,
+            num_tensors: usize,
+        ) -> OrtStatusPtr,
+    >,
+}
 
 /// `OrtEpDataLayout`.
 pub type OrtEpDataLayout = c_int;
@@ -55,6 +79,18 @@ pub struct OrtEpApi {
     pub EpGraphSupportInfo_AddSingleNode:
         unsafe extern "system" fn(graph_support_info: *mut OrtEpGraphSupportInfo, node: *const OrtNode) -> OrtStatusPtr,
     pub NodeComputeContext_NodeName: unsafe extern "system" fn(context: *const OrtNodeComputeContext) -> *const c_char,
+    pub EpDevice_AddAllocatorInfo: unsafe extern "system" fn(
+        ep_device: *mut OrtEpDevice,
+        allocator_memory_info: *const OrtMemoryInfo,
+    ) -> OrtStatusPtr,
+    pub MemoryInfo_GetMemoryDevice:
+        unsafe extern "system" fn(memory_info: *const OrtMemoryInfo) -> *const OrtMemoryDevice,
+    pub Value_GetMemoryDevice: unsafe extern "system" fn(value: *const OrtValue) -> *const OrtMemoryDevice,
+    pub MemoryDevice_AreEqual: unsafe extern "system" fn(a: *const OrtMemoryDevice, b: *const OrtMemoryDevice) -> bool,
+    pub MemoryDevice_GetDeviceType:
+        unsafe extern "system" fn(memory_device: *const OrtMemoryDevice) -> OrtMemoryInfoDeviceType,
+    pub MemoryDevice_GetMemoryType:
+        unsafe extern "system" fn(memory_device: *const OrtMemoryDevice) -> OrtDeviceMemoryType,
 }
 
 #[repr(C)]

@@ -1,0 +1,345 @@
+//! MLX's device as ORT sees it: the process-wide choices (device, TF32, memory and cache
+//! limits), buffers in MLX's memory that ORT tensors live in ([`DeviceBuffer`]), and byte
+//! copies into and out of them ([`copy_bytes`]).
+//!
+//! How MLX's memory behaves, by backend:
+//! - CPU and Metal: MLX buffers are host memory (Metal's are shared with the GPU), so a copy is
+//!   a `memcpy`.
+//! - CUDA: MLX allocates from CUDA memory pools, and moves a buffer to managed (unified) memory
+//!   the first time its host address is taken. A [`DeviceBuffer`] therefore lives in managed
+//!   memory: kernels read it where it is, and copies go through the CUDA driver's `cuMemcpy`,
+//!   which moves bytes on the device when both sides are device-resident.
+
+use super::{Array, Dtype, MlxError, Result, Stream, check, init};
+use crate::options::Device;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// What the process has settled: set by the first session that asks, then fixed.
+struct Settled {
+    device: Option<Device>,
+    tf32: Option<bool>,
+}
+
+static SETTLED: Mutex<Settled> = Mutex::new(Settled { device: None, tf32: None });
+
+/// The environment variable MLX's CUDA backend reads (once, at its first matmul) for TF32.
+const MLX_TF32_VARIABLE: &str = "MLX_ENABLE_TF32";
+
+/// 0: not read yet, 1: CPU, 2: GPU.
+static DEFAULT_IS_GPU: AtomicU8 = AtomicU8::new(0);
+
+/// Whether MLX's default device is a GPU (Metal or CUDA), where float64 does not run.
+pub fn default_device_is_gpu() -> bool {
+    match DEFAULT_IS_GPU.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let gpu = read_default_device_is_gpu();
+            DEFAULT_IS_GPU.store(if gpu { 2 } else { 1 }, Ordering::Relaxed);
+            gpu
+        }
+    }
+}
+
+fn read_default_device_is_gpu() -> bool {
+    init();
+    // SAFETY: out-handles are created by mlx-c and freed on every path.
+    unsafe {
+        let mut dev = mlx_sys::mlx_device_new();
+        let mut kind = mlx_sys::mlx_device_type::MLX_CPU;
+        let ok = mlx_sys::mlx_get_default_device(&mut dev) == 0 && mlx_sys::mlx_device_get_type(&mut kind, dev) == 0;
+        mlx_sys::mlx_device_free(dev);
+        ok && kind == mlx_sys::mlx_device_type::MLX_GPU
+    }
+}
+
+/// Whether this MLX backend has a GPU at all.
+pub fn has_gpu() -> bool {
+    init();
+    // SAFETY: the device handle is created and freed here.
+    unsafe {
+        let dev = mlx_sys::mlx_device_new_type(mlx_sys::mlx_device_type::MLX_GPU, 0);
+        let mut available = false;
+        let ok = mlx_sys::mlx_device_is_available(&mut available, dev) == 0;
+        mlx_sys::mlx_device_free(dev);
+        ok && available
+    }
+}
+
+/// Whether the backend is CUDA (a GPU that is not Apple's).
+pub fn is_cuda() -> bool {
+    !cfg!(target_os = "macos") && has_gpu()
+}
+
+/// Applies a session's process-wide requests: the device (`Auto` asks nothing) and TF32
+/// (`None` asks nothing; the first session that runs settles it off unless asked). A request
+/// that contradicts what an earlier session settled is an error, since MLX holds one device
+/// and one TF32 mode per process.
+pub fn settle(device: Device, tf32: Option<bool>) -> Result<()> {
+    init();
+    let mut settled = SETTLED.lock().unwrap_or_else(|p| p.into_inner());
+    if device != Device::Auto {
+        match settled.device {
+            Some(d) if d != device => {
+                return Err(MlxError(format!(
+                    "option device={} conflicts with device={} chosen by an earlier session: MLX has one device per process",
+                    name(device),
+                    name(d)
+                )));
+            }
+            Some(_) => {}
+            None => {
+                if device == Device::Gpu && !has_gpu() {
+                    return Err(MlxError("option device=gpu: this MLX backend has no GPU".into()));
+                }
+                let kind = if device == Device::Gpu {
+                    mlx_sys::mlx_device_type::MLX_GPU
+                } else {
+                    mlx_sys::mlx_device_type::MLX_CPU
+                };
+                // SAFETY: the device handle is created and freed here.
+                unsafe {
+                    let dev = mlx_sys::mlx_device_new_type(kind, 0);
+                    let rc = mlx_sys::mlx_set_default_device(dev);
+                    mlx_sys::mlx_device_free(dev);
+                    check(rc)?;
+                }
+                DEFAULT_IS_GPU.store(0, Ordering::Relaxed);
+                settled.device = Some(device);
+            }
+        }
+    }
+    let user_set = std::env::var(MLX_TF32_VARIABLE).ok().filter(|v| !v.is_empty()).map(|v| v != "0");
+    match (settled.tf32, tf32) {
+        (Some(current), Some(asked)) if current != asked => Err(MlxError(format!(
+            "option tf32={} conflicts with tf32={} settled by an earlier session: MLX reads it once per process",
+            u8::from(asked),
+            u8::from(current)
+        ))),
+        (Some(_), _) => Ok(()),
+        (None, asked) => {
+            let on = match (user_set, asked) {
+                (Some(env), Some(asked)) if env != asked => {
+                    return Err(MlxError(format!(
+                        "option tf32={} conflicts with {MLX_TF32_VARIABLE}={} in the environment",
+                        u8::from(asked),
+                        u8::from(env)
+                    )));
+                }
+                (Some(env), _) => env,
+                (None, asked) => {
+                    let on = asked.unwrap_or(false);
+                    // SAFETY: set once, under SETTLED's lock, before any session of this
+                    // plugin has run MLX work; MLX reads the variable at its first matmul.
+                    unsafe { std::env::set_var(MLX_TF32_VARIABLE, if on { "1" } else { "0" }) };
+                    on
+                }
+            };
+            settled.tf32 = Some(on);
+            Ok(())
+        }
+    }
+}
+
+fn name(d: Device) -> &'static str {
+    match d {
+        Device::Auto => "auto",
+        Device::Gpu => "gpu",
+        Device::Cpu => "cpu",
+    }
+}
+
+/// Sets MLX's memory limit (bytes); returns the previous one.
+pub fn set_memory_limit(bytes: usize) -> Result<usize> {
+    init();
+    let mut previous = 0usize;
+    // SAFETY: writes one usize.
+    check(unsafe { mlx_sys::mlx_set_memory_limit(&mut previous, bytes) })?;
+    Ok(previous)
+}
+
+/// Sets the most memory MLX's buffer cache keeps (bytes); returns the previous limit.
+pub fn set_cache_limit(bytes: usize) -> Result<usize> {
+    init();
+    let mut previous = 0usize;
+    // SAFETY: writes one usize.
+    check(unsafe { mlx_sys::mlx_set_cache_limit(&mut previous, bytes) })?;
+    Ok(previous)
+}
+
+/// Bytes MLX's buffer cache holds for reuse.
+pub fn cache_memory() -> Result<usize> {
+    init();
+    let mut n = 0usize;
+    // SAFETY: writes one usize.
+    check(unsafe { mlx_sys::mlx_get_cache_memory(&mut n) })?;
+    Ok(n)
+}
+
+/// A block of MLX memory that ORT places tensors in: one evaluated `uint8` array, kept alive
+/// as long as the block, so its address is stable.
+pub struct DeviceBuffer {
+    array: Array,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory owned by an MLX array; its handle is only used under
+// `mlx::lock()`, and the address is only dereferenced by callers that own the tensor.
+unsafe impl Send for DeviceBuffer {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for DeviceBuffer {}
+
+impl DeviceBuffer {
+    /// A zero-filled block of `len` bytes (at least one). The caller holds [`super::lock`].
+    pub fn new(len: usize, stream: &Stream) -> Result<DeviceBuffer> {
+        let n = len.max(1);
+        let dim = i64::try_from(n).ok().filter(|&d| d <= i64::from(i32::MAX)).ok_or_else(|| {
+            MlxError(format!("a device allocation of {len} bytes is larger than MLX's 2 GiB per array"))
+        })?;
+        let array = super::ops::full(&[dim], &Array::scalar_f32(0.0), Dtype::U8, stream)?;
+        array.eval()?;
+        // SAFETY: an evaluated, row-contiguous array: its data pointer covers `n` bytes while
+        // `array` lives (on CUDA, taking it moves the buffer to managed memory once).
+        let ptr = unsafe { mlx_sys::mlx_array_data_uint8(array.0) }.cast_mut();
+        if ptr.is_null() {
+            return Err(MlxError(format!("MLX gave no memory for {len} bytes")));
+        }
+        Ok(DeviceBuffer { array, ptr, len: n })
+    }
+
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes `[offset, offset + shape·dtype)` of the block as an array of `shape` and
+    /// `dtype`, sharing the block's memory. The caller holds [`super::lock`] and keeps `self`
+    /// alive while the view is used.
+    pub fn view(&self, offset: usize, shape: &[i64], dtype: Dtype, stream: &Stream) -> Result<Array> {
+        let count: i64 = shape.iter().product();
+        let size = dtype.size_in_bytes();
+        let bytes = usize::try_from(count).unwrap_or(usize::MAX).saturating_mul(size);
+        if offset.checked_add(bytes).is_none_or(|end| end > self.len) || !offset.is_multiple_of(size) {
+            return Err(MlxError(format!(
+                "a view of {bytes} bytes at offset {offset} does not fit a {}-byte block",
+                self.len
+            )));
+        }
+        let raw = super::ops::slice(&self.array, &[offset as i64], &[(offset + bytes) as i64], stream)?;
+        let typed = if dtype == Dtype::U8 {
+            raw
+        } else {
+            let mut out = Array::empty();
+            // SAFETY: valid handles; `out` receives a new array.
+            check(unsafe { mlx_sys::mlx_view(&mut out.0, raw.0, dtype.to_raw(), stream.0) })?;
+            out
+        };
+        super::ops::reshape(&typed, shape, stream)
+    }
+}
+
+/// Copies each `(dst, src, n)`: `n` bytes from `src` to `dst`, either of which may be MLX
+/// memory or host memory. On CUDA the copies run on the device where both sides are there,
+/// and the call returns when all are done.
+///
+/// # Safety
+/// Every range must be valid for its `n` bytes, no destination may overlap another range, and
+/// no MLX work may be writing any of them while the copies run.
+pub unsafe fn copy_bytes_many(copies: &[(*mut u8, *const u8, usize)]) -> Result<()> {
+    if is_cuda() {
+        // SAFETY: per the caller.
+        return unsafe { cuda::copy(copies) };
+    }
+    for &(dst, src, n) in copies {
+        if n > 0 {
+            // SAFETY: per the caller.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+        }
+    }
+    Ok(())
+}
+
+/// The few CUDA driver calls a copy needs, from the `libcuda.so.1` MLX's CUDA backend loads.
+mod cuda {
+    use super::{MlxError, Result};
+    use std::ffi::c_void;
+    use std::sync::OnceLock;
+
+    type CuResult = i32;
+    struct Driver {
+        _lib: libloading::Library,
+        memcpy: unsafe extern "C" fn(u64, u64, usize) -> CuResult,
+        ctx_get_current: unsafe extern "C" fn(*mut *mut c_void) -> CuResult,
+        ctx_set_current: unsafe extern "C" fn(*mut c_void) -> CuResult,
+        primary_ctx_retain: unsafe extern "C" fn(*mut *mut c_void, i32) -> CuResult,
+        ctx_synchronize: unsafe extern "C" fn() -> CuResult,
+    }
+
+    fn driver() -> Result<&'static Driver> {
+        static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
+        DRIVER
+            .get_or_init(|| {
+                // SAFETY: loading the CUDA driver MLX already loaded runs no new initialisers;
+                // the symbols are the driver API's, with these C signatures.
+                unsafe {
+                    let lib = libloading::Library::new("libcuda.so.1").map_err(|e| e.to_string())?;
+                    let memcpy = *lib.get(b"cuMemcpy\0").map_err(|e| e.to_string())?;
+                    let ctx_get_current = *lib.get(b"cuCtxGetCurrent\0").map_err(|e| e.to_string())?;
+                    let ctx_set_current = *lib.get(b"cuCtxSetCurrent\0").map_err(|e| e.to_string())?;
+                    let primary_ctx_retain = *lib.get(b"cuDevicePrimaryCtxRetain\0").map_err(|e| e.to_string())?;
+                    let ctx_synchronize = *lib.get(b"cuCtxSynchronize\0").map_err(|e| e.to_string())?;
+                    Ok(Driver {
+                        _lib: lib,
+                        memcpy,
+                        ctx_get_current,
+                        ctx_set_current,
+                        primary_ctx_retain,
+                        ctx_synchronize,
+                    })
+                }
+            })
+            .as_ref()
+            .map_err(|e| MlxError(format!("the CUDA driver could not be loaded: {e}")))
+    }
+
+    /// # Safety
+    /// As for [`super::copy_bytes_many`].
+    pub(super) unsafe fn copy(copies: &[(*mut u8, *const u8, usize)]) -> Result<()> {
+        let d = driver()?;
+        // SAFETY: driver calls with valid out-pointers; the primary context of device 0 is the
+        // one MLX's runtime uses; the ranges are valid per the caller.
+        unsafe {
+            let mut ctx: *mut c_void = std::ptr::null_mut();
+            if (d.ctx_get_current)(&mut ctx) != 0 || ctx.is_null() {
+                let rc = (d.primary_ctx_retain)(&mut ctx, 0);
+                if rc != 0 || (d.ctx_set_current)(ctx) != 0 {
+                    return Err(MlxError(format!("no CUDA context for a copy (error {rc})")));
+                }
+            }
+            for &(dst, src, n) in copies {
+                if n == 0 {
+                    continue;
+                }
+                let rc = (d.memcpy)(dst as u64, src as u64, n);
+                if rc != 0 {
+                    return Err(MlxError(format!("cuMemcpy of {n} bytes failed with CUDA error {rc}")));
+                }
+            }
+            // A device-to-device cuMemcpy may return before it is done.
+            let rc = (d.ctx_synchronize)();
+            if rc != 0 {
+                return Err(MlxError(format!("cuCtxSynchronize failed with CUDA error {rc}")));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,281 @@
+//! The EP's memory as an ORT device: the `OrtMemoryInfo` its `OrtEpDevice` registers, the
+//! `OrtAllocator` that hands out MLX memory for ORT's tensors, the `OrtDataTransferImpl` that
+//! copies between that memory and the host, and [`Blocks`], the live allocations, which a
+//! partition run looks its inputs and outputs up in (an input in the EP's memory is read in
+//! place, an output is written there by a device copy).
+//!
+//! Device memory is offered where MLX's default device is a GPU, and on MLX's CPU backend when
+//! `ONNXRUNTIME_EP_MLX_DEVICE_MEMORY=1` (so CI exercises the same path).
+
+use super::boundary::{guard, guard_value};
+use super::tables::{OrtDataTransferImpl, OrtMemoryDevice, OrtSyncStream};
+use super::{ep_api, ort_call};
+use crate::mlx::device::{DeviceBuffer, copy_bytes_many};
+use crate::mlx::{self, Array, Dtype, Stream};
+use crate::{Error, Result};
+use ort_sys::{
+    OrtAllocator, OrtAllocatorType, OrtDeviceMemoryType, OrtMemoryInfo, OrtMemoryInfoDeviceType, OrtStatusPtr, OrtValue,
+};
+use std::collections::BTreeMap;
+use std::ffi::{CStr, c_void};
+use std::sync::{Mutex, OnceLock};
+
+/// The name of the EP's memory in ORT (`OrtMemoryInfo` name).
+const MEMORY_NAME: &CStr = c"MLX";
+
+/// The vendor id of the EP's memory on MLX's CPU backend (no PCI vendor to borrow): "ML".
+pub(crate) const CPU_BACKEND_VENDOR: u32 = 0x4D4C;
+
+/// The EP's memory, created once per process.
+pub(crate) struct DeviceMemory {
+    info: *mut OrtMemoryInfo,
+    device: *const OrtMemoryDevice,
+}
+
+// SAFETY: ORT's memory info and memory device are immutable once created and live for the
+// process (the info is never released; the device belongs to the info).
+unsafe impl Send for DeviceMemory {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for DeviceMemory {}
+
+static MEMORY: OnceLock<DeviceMemory> = OnceLock::new();
+
+impl DeviceMemory {
+    /// The EP's memory on the device with ORT's vendor id `vendor` (created on first use; the
+    /// first vendor wins).
+    pub(crate) fn get_or_create(vendor: u32) -> Result<&'static DeviceMemory> {
+        if let Some(m) = MEMORY.get() {
+            return Ok(m);
+        }
+        let mut info: *mut OrtMemoryInfo = std::ptr::null_mut();
+        ort_call!(CreateMemoryInfo_V2(
+            MEMORY_NAME.as_ptr(),
+            OrtMemoryInfoDeviceType::OrtMemoryInfoDeviceType_GPU,
+            vendor,
+            0,
+            OrtDeviceMemoryType::OrtDeviceMemoryType_DEFAULT,
+            0,
+            OrtAllocatorType::OrtDeviceAllocator,
+            &mut info,
+        ))?;
+        // SAFETY: a valid memory info just created.
+        let device = unsafe { (ep_api().MemoryInfo_GetMemoryDevice)(info) };
+        if device.is_null() {
+            return Err(Error::new("ORT gave no memory device for the EP's memory"));
+        }
+        let _ = MEMORY.set(DeviceMemory { info, device });
+        Ok(MEMORY.get().expect("set above"))
+    }
+
+    pub(crate) fn get() -> Option<&'static DeviceMemory> {
+        MEMORY.get()
+    }
+
+    pub(crate) fn info(&self) -> *const OrtMemoryInfo {
+        self.info
+    }
+
+    fn is(&self, device: *const OrtMemoryDevice) -> bool {
+        // SAFETY: both are valid memory devices from ORT.
+        !device.is_null() && unsafe { (ep_api().MemoryDevice_AreEqual)(self.device, device) }
+    }
+}
+
+/// Whether ORT's memory device is host memory (the CPU's, or memory the host can read).
+fn is_host(device: *const OrtMemoryDevice) -> bool {
+    if device.is_null() {
+        return false;
+    }
+    // SAFETY: a valid memory device from ORT.
+    unsafe {
+        (ep_api().MemoryDevice_GetDeviceType)(device) == OrtMemoryInfoDeviceType::OrtMemoryInfoDeviceType_CPU
+            || (ep_api().MemoryDevice_GetMemoryType)(device) == OrtDeviceMemoryType::OrtDeviceMemoryType_HOST_ACCESSIBLE
+    }
+}
+
+/// The live allocations of the EP's memory, by start address.
+pub(crate) struct Blocks(Mutex<BTreeMap<usize, DeviceBuffer>>);
+
+impl Blocks {
+    pub(crate) fn global() -> &'static Blocks {
+        static BLOCKS: Blocks = Blocks(Mutex::new(BTreeMap::new()));
+        &BLOCKS
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<usize, DeviceBuffer>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn alloc(&self, size: usize) -> Result<*mut u8> {
+        let _mlx = mlx::lock();
+        let block = DeviceBuffer::new(size, &Stream::default_device()?)?;
+        let ptr = block.ptr();
+        self.map().insert(ptr as usize, block);
+        Ok(ptr)
+    }
+
+    fn free(&self, ptr: *mut u8) {
+        let _mlx = mlx::lock();
+        let block = self.map().remove(&(ptr as usize));
+        drop(block);
+    }
+
+    /// The `bytes` at `ptr` (inside a live allocation) as an array of `shape` and `dtype`
+    /// sharing the EP's memory; `None` when `ptr` is not the EP's. The caller holds the MLX
+    /// lock.
+    pub(crate) fn view(&self, ptr: *const u8, shape: &[i64], dtype: Dtype, stream: &Stream) -> Result<Option<Array>> {
+        let p = ptr as usize;
+        let map = self.map();
+        let Some((&start, block)) = map.range(..=p).next_back().filter(|(s, b)| p < **s + b.len()) else {
+            return Ok(None);
+        };
+        Ok(Some(block.view(p - start, shape, dtype, stream)?))
+    }
+}
+
+/// The EP's allocator (one for the process; ORT may ask for it several times).
+#[repr(C)]
+pub(crate) struct Allocator {
+    table: OrtAllocator,
+    info: *const OrtMemoryInfo,
+}
+
+/// ORT reads the allocator's table no further than this version's fields (no streams, no
+/// statistics).
+const ALLOCATOR_VERSION: u32 = 23;
+
+impl Allocator {
+    pub(crate) fn new(memory: &DeviceMemory) -> Box<Allocator> {
+        Box::new(Allocator {
+            table: OrtAllocator {
+                version: ALLOCATOR_VERSION,
+                Alloc: Some(alloc),
+                Free: Some(free),
+                Info: Some(info),
+                Reserve: Some(reserve),
+                GetStats: None,
+                AllocOnStream: None,
+                Shrink: None,
+            },
+            info: memory.info(),
+        })
+    }
+}
+
+unsafe extern "system" fn alloc(_this: *mut OrtAllocator, size: usize) -> *mut c_void {
+    guard_value(std::ptr::null_mut(), || match Blocks::global().alloc(size) {
+        Ok(p) => p.cast(),
+        Err(e) => {
+            eprintln!("[{}] could not allocate {size} bytes of MLX memory: {e}", crate::EP_NAME);
+            std::ptr::null_mut()
+        }
+    })
+}
+
+unsafe extern "system" fn reserve(_this: *const OrtAllocator, size: usize) -> *mut c_void {
+    // SAFETY: `alloc` does not use its first argument.
+    unsafe { alloc(std::ptr::null_mut(), size) }
+}
+
+unsafe extern "system" fn free(_this: *mut OrtAllocator, p: *mut c_void) {
+    guard_value((), || {
+        if !p.is_null() {
+            Blocks::global().free(p.cast());
+        }
+    })
+}
+
+unsafe extern "system" fn info(this: *const OrtAllocator) -> *const OrtMemoryInfo {
+    // SAFETY: `this` is an `Allocator` (its table is the first field).
+    guard_value(std::ptr::null(), || unsafe { (*this.cast::<Allocator>()).info })
+}
+
+/// The EP's data transfer: host <-> EP memory, and EP memory <-> EP memory.
+#[repr(C)]
+pub(crate) struct DataTransfer {
+    table: OrtDataTransferImpl,
+}
+
+impl DataTransfer {
+    pub(crate) fn new() -> Box<DataTransfer> {
+        Box::new(DataTransfer {
+            table: OrtDataTransferImpl {
+                ort_version_supported: super::tables::TABLE_VERSION,
+                Release: Some(release_transfer),
+                CanCopy: Some(can_copy),
+                CopyTensors: Some(copy_tensors),
+            },
+        })
+    }
+}
+
+unsafe extern "system" fn release_transfer(this: *mut OrtDataTransferImpl) {
+    guard_value((), || {
+        if !this.is_null() {
+            // SAFETY: created by `DataTransfer::new` and handed to ORT with `Box::into_raw`.
+            drop(unsafe { Box::from_raw(this.cast::<DataTransfer>()) });
+        }
+    })
+}
+
+unsafe extern "system" fn can_copy(
+    _this: *const OrtDataTransferImpl,
+    src: *const OrtMemoryDevice,
+    dst: *const OrtMemoryDevice,
+) -> bool {
+    guard_value(false, || {
+        let Some(m) = DeviceMemory::get() else { return false };
+        (m.is(src) && (m.is(dst) || is_host(dst))) || (m.is(dst) && is_host(src))
+    })
+}
+
+unsafe extern "system" fn copy_tensors(
+    _this: *mut OrtDataTransferImpl,
+    src: *const *const OrtValue,
+    dst: *const *mut OrtValue,
+    _streams: *const *mut OrtSyncStream,
+    count: usize,
+) -> OrtStatusPtr {
+    guard("CopyTensors", || {
+        if count == 0 {
+            return Ok(());
+        }
+        if src.is_null() || dst.is_null() {
+            return Err(Error::new("CopyTensors got no tensors"));
+        }
+        // SAFETY: ORT passes `count` source and destination values.
+        let (src, dst) = unsafe { (std::slice::from_raw_parts(src, count), std::slice::from_raw_parts(dst, count)) };
+        let mut copies = Vec::with_capacity(count);
+        for (&s, &d) in src.iter().zip(dst) {
+            let (sp, sn) = tensor_bytes(s)?;
+            let (dp, dn) = tensor_bytes(d)?;
+            if sn != dn {
+                return Err(Error::new(format!("CopyTensors: a {sn}-byte tensor into a {dn}-byte one")));
+            }
+            copies.push((dp, sp.cast_const(), sn));
+        }
+        // SAFETY: each pair is two live tensors of `n` bytes that ORT owns for this call.
+        unsafe { copy_many(&copies) }
+    })
+}
+
+/// Copies each `(dst, src, n)`; both sides may be the EP's memory or host memory.
+///
+/// # Safety
+/// As for [`copy_bytes_many`].
+pub(crate) unsafe fn copy_many(copies: &[(*mut u8, *const u8, usize)]) -> Result<()> {
+    // SAFETY: per the caller.
+    Ok(unsafe { copy_bytes_many(copies) }?)
+}
+
+/// A tensor's data pointer and size in bytes.
+pub(crate) fn tensor_bytes(value: *const OrtValue) -> Result<(*mut u8, usize)> {
+    let mut size = 0usize;
+    ort_call!(GetTensorSizeInBytes(value, &mut size))?;
+    let mut data: *mut c_void = std::ptr::null_mut();
+    ort_call!(GetTensorMutableData(value.cast_mut(), &mut data))?;
+    if data.is_null() && size > 0 {
+        return Err(Error::new("a tensor has no data"));
+    }
+    Ok((data.cast(), size))
+}
