@@ -540,6 +540,9 @@ pub fn generate(
 /// Greedy generation with one max-length KV buffer per cache, bound through ORT's IOBinding
 /// as both `past_key_values.*` and `present.*` (as onnxruntime-genai binds a shared buffer):
 /// `[1, kv_heads, max_len, head]`, zero at the start, written in place by the model.
+///
+/// With `device`, the buffers are allocated in `device`'s memory (the MLX EP's, on a GPU its
+/// device memory): a decode step then moves only the token, the mask and the logits.
 pub fn generate_shared(
     session: &mut Session,
     cfg: &DecoderConfig,
@@ -547,6 +550,7 @@ pub fn generate_shared(
     steps: usize,
     max_len: i64,
     forced: Option<&[i64]>,
+    device: Option<&ort::device::Device<'_>>,
 ) -> Result<Generation> {
     if prompt.len() + steps > max_len as usize {
         return Err(format!("{} prompt tokens + {steps} steps exceed the buffer of {max_len}", prompt.len()).into());
@@ -555,8 +559,14 @@ pub fn generate_shared(
     for i in 0..cfg.layers {
         for kv in ["key", "value"] {
             let shape = [1, cfg.kv_heads, max_len, cfg.head];
-            let zeros = vec![0.0; shape.iter().product::<i64>() as usize];
-            let t = crate::values::ort_tensor_from_f64(float_type(cfg), &shape, &zeros)?;
+            let t = match device {
+                // The EP's allocator hands out zeroed memory.
+                Some(d) => crate::ort_raw::device_tensor(crate::environment()?, d, float_type(cfg), &shape)?,
+                None => {
+                    let zeros = vec![0.0; shape.iter().product::<i64>() as usize];
+                    crate::values::ort_tensor_from_f64(float_type(cfg), &shape, &zeros)?
+                }
+            };
             caches.push((format!("past_key_values.{i}.{kv}"), format!("present.{i}.{kv}"), t));
         }
     }
@@ -571,6 +581,14 @@ pub fn generate_shared(
     for step in 0..=steps {
         let seq = ids.len();
         total += seq;
+        if device.is_none() && step > 0 {
+            // ORT copies a host value bound as input to an EP's device memory when it is
+            // bound, not when it runs: a host cache is bound again so each step reads the
+            // rows the last one wrote back. (No copy at all where the EP reads host memory.)
+            for (past, _, t) in caches.iter() {
+                binding.bind_input(past.as_str(), &*t)?;
+            }
+        }
         binding.bind_input("input_ids", &i64_tensor(&[1, seq as i64], ids.clone())?)?;
         binding.bind_input("attention_mask", &i64_tensor(&[1, total as i64], vec![1; total])?)?;
         // Rebound each step: the logits' shape changes from the prefill to the decode steps.
@@ -592,6 +610,8 @@ pub enum KvStyle {
     Growing,
     /// One max-length buffer per cache, bound as past and present through IOBinding.
     Shared,
+    /// As `Shared`, with the buffers in the MLX EP's memory (its device memory on a GPU).
+    Device,
 }
 
 /// A generation on the CPU EP and on the MLX EP, side by side.
@@ -646,7 +666,13 @@ pub fn compare_with(cfg: &DecoderConfig, prompt_len: usize, steps: usize, kv: Kv
         let assignment = crate::assignment(&session)?;
         let g = match kv {
             KvStyle::Growing => generate(&mut session, cfg, &prompt, steps, forced)?,
-            KvStyle::Shared => generate_shared(&mut session, cfg, &prompt, steps, max_len, forced)?,
+            KvStyle::Shared => generate_shared(&mut session, cfg, &prompt, steps, max_len, forced, None)?,
+            KvStyle::Device => {
+                let env = crate::environment()?;
+                let device = env.devices().find(|d| d.ep().is_ok_and(|n| n == crate::MLX_EP));
+                let device = if ep == crate::Ep::Mlx { device } else { None };
+                generate_shared(&mut session, cfg, &prompt, steps, max_len, forced, device.as_ref())?
+            }
         };
         Ok((g, assignment))
     };
@@ -686,6 +712,7 @@ pub fn print(r: &LlmReport) {
         match r.kv {
             KvStyle::Growing => "growing",
             KvStyle::Shared => "shared-buffer",
+            KvStyle::Device => "shared buffer in the EP's memory",
         },
         r.prompt_len,
         r.cpu.step_ms.len(),

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: mlx-ep-run demo [--repeat N] [--json PATH]
-       mlx-ep-run llm [--preset tiny|small|qwen2.5-0.5b] [--kv growing|shared] [--prompt N] [--steps N] [--json PATH]
+       mlx-ep-run llm [--preset tiny|small|qwen2.5-0.5b] [--kv growing|shared|device] [--prompt N] [--steps N] [--json PATH]
        mlx-ep-run run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]...
 The plugin is taken from $ORT_MLX_EP_LIB, ONNX Runtime from $ORT_DYLIB_PATH.";
 
@@ -47,7 +47,8 @@ fn run() -> Result<bool> {
                 kv = match it.next().map(String::as_str) {
                     Some("growing") => decoder::KvStyle::Growing,
                     Some("shared") => decoder::KvStyle::Shared,
-                    _ => return Err("--kv takes growing or shared".into()),
+                    Some("device") => decoder::KvStyle::Device,
+                    _ => return Err("--kv takes growing, shared or device".into()),
                 }
             }
             "--preset" => preset = it.next().ok_or("--preset needs a name")?.clone(),

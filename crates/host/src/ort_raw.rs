@@ -72,3 +72,37 @@ pub fn assignment(session: &Session) -> Result<Vec<Assignment>> {
     }
     Ok(out)
 }
+
+/// A zero-filled tensor in the memory of the EP `device` (its `DEFAULT` memory), from the
+/// environment's shared allocator for that memory. Raw because the `ort` crate's `MemoryInfo`
+/// clone drops the vendor id that names a plugin EP's memory.
+pub fn device_tensor(
+    env: &ort::environment::Environment,
+    device: &ort::device::Device<'_>,
+    ty: ort::value::TensorElementType,
+    shape: &[i64],
+) -> Result<ort::value::DynValue> {
+    let api = ort::api();
+    // SAFETY: a live EP device of `env`; ORT owns the returned memory info.
+    let info =
+        unsafe { (api.EpDevice_MemoryInfo)(device.ptr(), ort_sys::OrtDeviceMemoryType::OrtDeviceMemoryType_DEFAULT) };
+    if info.is_null() {
+        return Err(format!("EP device '{}' has no memory of its own", device.ep().unwrap_or("?")).into());
+    }
+    let mut allocator = std::ptr::null_mut();
+    // SAFETY: `env` and `info` are live; the shared allocator lives as long as the environment.
+    check(unsafe { (api.GetSharedAllocator)(env.ptr().cast_mut(), info, &mut allocator) }, "GetSharedAllocator")?;
+    if allocator.is_null() {
+        return Err("ORT has no shared allocator for the EP's memory".into());
+    }
+    let mut value = std::ptr::null_mut();
+    // SAFETY: a valid allocator and shape; ORT writes a new value owned by the caller.
+    check(
+        unsafe { (api.CreateTensorAsOrtValue)(allocator, shape.as_ptr(), shape.len(), ty.into(), &mut value) },
+        "CreateTensorAsOrtValue",
+    )?;
+    let value = std::ptr::NonNull::new(value).ok_or("CreateTensorAsOrtValue gave no value")?;
+    // SAFETY: a tensor just created; the value frees its buffer through the allocator ORT
+    // recorded in it (the environment's), the default handle only satisfies `ort`'s bookkeeping.
+    Ok(unsafe { ort::value::DynValue::from_ptr(value, Some(&ort::memory::Allocator::default())) })
+}
