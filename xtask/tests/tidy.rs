@@ -47,11 +47,8 @@ fn every_rust_file_starts_with_a_module_header() {
 /// with their ceiling, which may only go down (split them rather than raise it).
 #[test]
 fn files_stay_within_their_size_budget() {
-    const OVER_BUDGET: &[(&str, usize)] = &[
-        ("crates/ep-core/src/exec.rs", 1700),
-        ("crates/ep-core/src/lowering.rs", 870),
-        ("crates/ep-core/src/mlx/ops.rs", 800),
-    ];
+    const OVER_BUDGET: &[(&str, usize)] =
+        &[("crates/ep-core/src/lowering.rs", 720), ("crates/ep-core/src/mlx/ops.rs", 800)];
     let mut over = Vec::new();
     for (path, text) in rust_files() {
         let lines = text.lines().count();
@@ -104,7 +101,8 @@ fn the_engine_names_no_onnx_op() {
     assert!(ops.len() > 100, "read {} ops from registered-ops.txt", ops.len());
     let mut named = Vec::new();
     for (path, text) in rust_files() {
-        if !path.starts_with("crates/ep-core/src/") {
+        // Tests name the ops of their test lowerings.
+        if !path.starts_with("crates/ep-core/src/") || path.contains("/tests/") || path.ends_with("/tests.rs") {
             continue;
         }
         let code = code_outside_tests(&text);

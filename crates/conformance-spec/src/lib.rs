@@ -9,7 +9,7 @@
 //!
 //! ```ignore
 //! #[cfg(feature = "conformance")]
-//! conformance_spec::register_spec!("", "Relu", || {
+//! conformance_spec::register_spec!(RELU, || {
 //!     use conformance_spec::{strategy::*, Case};
 //!     (float_dtype(), shape(0..=4)).prop_map(|(t, s)| Case::unary("Relu", 14, t, &s)).boxed()
 //! });
@@ -24,9 +24,9 @@ pub use proptest;
 
 /// One lowering's conformance spec.
 pub struct OpSpec {
-    /// ONNX domain of the op (`""` for `ai.onnx`).
-    pub domain: &'static str,
-    pub op: &'static str,
+    /// The (domain, op type) of the lowering the spec is for, read from the lowering itself
+    /// (see [`register_spec!`]) so the key is written once, in the registration.
+    pub key: fn() -> (&'static str, &'static str),
     /// Generates the cases; each must be a form the lowering claims (a declined case fails).
     pub cases: fn() -> proptest::strategy::BoxedStrategy<Case>,
     /// Where the spec was registered, for messages.
@@ -35,19 +35,36 @@ pub struct OpSpec {
 
 inventory::collect!(OpSpec);
 
+impl OpSpec {
+    /// ONNX domain of the op (`""` for `ai.onnx`).
+    pub fn domain(&self) -> &'static str {
+        (self.key)().0
+    }
+
+    pub fn op(&self) -> &'static str {
+        (self.key)().1
+    }
+}
+
 /// Every registered spec, in registration-independent order (domain, op).
 pub fn specs() -> Vec<&'static OpSpec> {
     let mut v: Vec<&'static OpSpec> = inventory::iter::<OpSpec>.into_iter().collect();
-    v.sort_by_key(|s| (s.domain, s.op));
+    v.sort_by_key(|s| (s.key)());
     v
 }
 
-/// Registers an [`OpSpec`]: `register_spec!(domain, op, || strategy)`.
+/// Registers an [`OpSpec`] for a registered lowering: `register_spec!(GATHER, || strategy)`,
+/// where `GATHER` is the static `ep_core::register_lowering!` defined (`super::GATHER` from a
+/// `mod spec` beside it). The op's domain and type come from the lowering.
 #[macro_export]
 macro_rules! register_spec {
-    ($domain:expr, $op:expr, $cases:expr) => {
+    ($lowering:path, $cases:expr) => {
         $crate::inventory::submit! {
-            $crate::OpSpec { domain: $domain, op: $op, cases: $cases, file: file!() }
+            $crate::OpSpec {
+                key: || (::ep_core::Lowering::domain($lowering), ::ep_core::Lowering::op_type($lowering)),
+                cases: $cases,
+                file: file!(),
+            }
         }
     };
 }

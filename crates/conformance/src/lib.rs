@@ -20,12 +20,7 @@ use mlx_ep_host::{Ep, MLX_EP, assignment, ep_of, session_builder};
 /// References every op crate, so the linker keeps their registrations (lowerings and specs)
 /// in a binary that only reads the registries.
 pub fn link_op_crates() {
-    ops_attention::link();
-    ops_controlflow::link();
-    ops_elementwise::link();
-    ops_nn::link();
-    ops_quant::link();
-    ops_tensor::link();
+    ep_core::registry::keep_families(onnxruntime_mlx_ep::families());
 }
 
 /// Tolerance `(atol, rtol)` per element type: a value passes when

@@ -17,15 +17,11 @@ pub const CHECKED_IN_PYTHON: &[&str] = &["If"];
 
 /// The multi-node chains, reported as the op `chain` (not a lowering, so outside the coverage
 /// check).
-static CHAINS: OpSpec = OpSpec { domain: "", op: "chain", cases: crate::chains::strategy, file: file!() };
+static CHAINS: OpSpec = OpSpec { key: || ("", "chain"), cases: crate::chains::strategy, file: file!() };
 static QUANT_CHAIN: OpSpec =
-    OpSpec { domain: "", op: "chain:dynamic-quant-matmul", cases: crate::chains::dynamic_quant_matmul, file: file!() };
-static EXACT_CONSTANT_CHAIN: OpSpec = OpSpec {
-    domain: "",
-    op: "chain:exact-scalar-constant",
-    cases: crate::chains::exact_scalar_constant,
-    file: file!(),
-};
+    OpSpec { key: || ("", "chain:dynamic-quant-matmul"), cases: crate::chains::dynamic_quant_matmul, file: file!() };
+static EXACT_CONSTANT_CHAIN: OpSpec =
+    OpSpec { key: || ("", "chain:exact-scalar-constant"), cases: crate::chains::exact_scalar_constant, file: file!() };
 
 pub struct Options {
     /// Cases per spec.
@@ -168,9 +164,9 @@ pub fn run(opts: &Options) -> Report {
     let started = Instant::now();
     let mut report = Report::default();
     let specs: Vec<&'static OpSpec> =
-        specs_and_chains().into_iter().filter(|s| opts.op.as_deref().is_none_or(|op| op == s.op)).collect();
+        specs_and_chains().into_iter().filter(|s| opts.op.as_deref().is_none_or(|op| op == s.op())).collect();
     let spec_keys: BTreeSet<(String, String)> =
-        conformance_spec::specs().iter().map(|s| (s.domain.to_owned(), s.op.to_owned())).collect();
+        conformance_spec::specs().iter().map(|s| (s.domain().to_owned(), s.op().to_owned())).collect();
     (report.missing_specs, report.orphan_specs) = spec_coverage(&registered_ops(), &spec_keys);
     let bar = if opts.progress {
         indicatif::ProgressBar::new(specs.len() as u64 * opts.cases as u64)
@@ -183,11 +179,11 @@ pub fn run(opts: &Options) -> Report {
     );
     let gpu = ep_core::mlx::default_device_is_gpu();
     for spec in specs {
-        bar.set_message(display_name(spec.domain, spec.op));
+        bar.set_message(display_name(spec.domain(), spec.op()));
         let mut rows: BTreeMap<DType, Row> = BTreeMap::new();
         let mut runner = TestRunner::new_with_rng(
             Config { cases: opts.cases, failure_persistence: None, ..Config::default() },
-            TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes(opts.seed, spec.domain, spec.op)),
+            TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes(opts.seed, spec.domain(), spec.op())),
         );
         let strategy = (spec.cases)();
         let mut failed_once = false;
@@ -204,8 +200,8 @@ pub fn run(opts: &Options) -> Report {
                         .cloned()
                         .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
                     report.failures.push(Failure {
-                        op: display_name(spec.domain, spec.op),
-                        case: Case::op(spec.op, 0),
+                        op: display_name(spec.domain(), spec.op()),
+                        case: Case::op(spec.op(), 0),
                         outcome: Outcome::Invalid(format!("the spec's strategy panicked: {}", msg.unwrap_or_default())),
                         saved: None,
                     });
@@ -215,8 +211,8 @@ pub fn run(opts: &Options) -> Report {
             let case = tree.current();
             let outcome = check(&case);
             let row = rows.entry(case.dtype()).or_insert_with(|| Row {
-                op: spec.op.to_owned(),
-                domain: spec.domain.to_owned(),
+                op: spec.op().to_owned(),
+                domain: spec.domain().to_owned(),
                 dtype: case.dtype().onnx_name().to_owned(),
                 ..Row::default()
             });
@@ -237,7 +233,7 @@ pub fn run(opts: &Options) -> Report {
                 failed_once = true;
                 let (case, outcome) = shrink(&mut tree, case, outcome, opts.max_shrink_steps);
                 let saved = opts.failures_dir.as_deref().and_then(|d| save(d, spec, &case, &outcome).ok());
-                report.failures.push(Failure { op: display_name(spec.domain, spec.op), case, outcome, saved });
+                report.failures.push(Failure { op: display_name(spec.domain(), spec.op()), case, outcome, saved });
             }
         }
         report.rows.extend(rows.into_values());
@@ -311,7 +307,7 @@ fn shrink<T: ValueTree<Value = Case>>(tree: &mut T, case: Case, outcome: Outcome
 /// Saves a failing case: `case.json` (replayable), `model.onnx` and `inputs.json`.
 fn save(root: &Path, spec: &OpSpec, case: &Case, outcome: &Outcome) -> Result<(PathBuf, String)> {
     let name =
-        format!("{}-{}-{:016x}", display_name(spec.domain, spec.op).replace(':', "_"), case.dtype().onnx_name(), {
+        format!("{}-{}-{:016x}", display_name(spec.domain(), spec.op()).replace(':', "_"), case.dtype().onnx_name(), {
             let s = serde_json::to_string(case)?;
             s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
         });

@@ -3,7 +3,6 @@
 //! refused? The engine asks every lowering through [`crate::Lowering::growth`] and names no
 //! op itself; the answers here are the building blocks op crates use.
 
-use crate::CompileSafety;
 use crate::graph::NodeInfo;
 
 /// What a value carries that grows from run to run.
@@ -45,10 +44,10 @@ impl GrowthQuery<'_> {
     }
 }
 
-/// The default answer for a lowering of `safety`: a shapeless (elementwise-style) lowering
-/// passes the growing axes of its inputs on to every output; anything else, and any input
-/// holding sizes, refuses.
-pub fn by_safety(safety: CompileSafety, q: &GrowthQuery<'_>) -> GrowthResult {
+/// The default answer of a lowering: a shapeless one (`CompileSafety::Shapeless`, an
+/// elementwise-style lowering) passes the growing axes of its inputs on to every output;
+/// anything else, and any input holding sizes, refuses.
+pub fn by_safety(shapeless: bool, q: &GrowthQuery<'_>) -> GrowthResult {
     let sizes = q.growing().filter(|(_, g)| **g == Growth::Size).count();
     if sizes > 0 {
         return Err(if sizes == q.growing().count() {
@@ -57,7 +56,7 @@ pub fn by_safety(safety: CompileSafety, q: &GrowthQuery<'_>) -> GrowthResult {
             "mixes growing sizes and growing tensors".into()
         });
     }
-    if safety != CompileSafety::Shapeless {
+    if !shapeless {
         return Err("reads a growing dimension and declares no shape-agnostic form".into());
     }
     let mut axes: Vec<usize> = Vec::new();
@@ -74,11 +73,11 @@ pub fn by_safety(safety: CompileSafety, q: &GrowthQuery<'_>) -> GrowthResult {
 /// For ops that carry sizes through unchanged (a Gather, Cast, Squeeze, Unsqueeze, Reshape or
 /// Identity of a shape): when every growing input holds sizes, so does every output; growing
 /// tensors get the answer of [`by_safety`].
-pub fn carries_sizes(safety: CompileSafety, q: &GrowthQuery<'_>) -> GrowthResult {
+pub fn carries_sizes(shapeless: bool, q: &GrowthQuery<'_>) -> GrowthResult {
     if q.growing().count() > 0 && q.growing().all(|(_, g)| *g == Growth::Size) {
         return Ok(q.all_outputs(Some(Growth::Size)));
     }
-    by_safety(safety, q)
+    by_safety(shapeless, q)
 }
 
 /// A `Shape`: the shape of a growing tensor holds a growing size.
@@ -134,16 +133,13 @@ mod tests {
         let (n, none) = (node(2), |_: usize| None);
         let inputs = [Some(Growth::Axes(vec![2])), Some(Growth::Axes(vec![1, 2]))];
         let q = ask(&n, &inputs, &none);
-        assert_eq!(by_safety(CompileSafety::Shapeless, &q), Ok(vec![Some(Growth::Axes(vec![1, 2])); 2]));
-        assert!(by_safety(CompileSafety::ShapeKeyed, &q).is_err());
+        assert_eq!(by_safety(true, &q), Ok(vec![Some(Growth::Axes(vec![1, 2])); 2]));
+        assert!(by_safety(false, &q).is_err());
         let sizes = [Some(Growth::Size), None];
-        assert!(by_safety(CompileSafety::Shapeless, &ask(&n, &sizes, &none)).is_err());
-        assert_eq!(carries_sizes(CompileSafety::ShapeKeyed, &ask(&n, &sizes, &none)), Ok(vec![Some(Growth::Size); 2]));
+        assert!(by_safety(true, &ask(&n, &sizes, &none)).is_err());
+        assert_eq!(carries_sizes(false, &ask(&n, &sizes, &none)), Ok(vec![Some(Growth::Size); 2]));
         let mixed = [Some(Growth::Size), Some(Growth::Axes(vec![0]))];
-        assert_eq!(
-            carries_sizes(CompileSafety::Shapeless, &ask(&n, &mixed, &none)),
-            Err("mixes growing sizes and growing tensors".into())
-        );
+        assert_eq!(carries_sizes(true, &ask(&n, &mixed, &none)), Err("mixes growing sizes and growing tensors".into()));
     }
 
     #[test]

@@ -23,34 +23,13 @@
 //! attributes) and says why it declines anything else; `lower` only builds MLX graph nodes
 //! (no evaluation, no IO) and returns one array per node output, in order.
 
-use crate::graph::ValueInfo;
-use crate::graph::{ElemType, NodeInfo};
+use crate::error::{Error, Result};
+use crate::graph::NodeInfo;
 use crate::growth::{GrowthQuery, GrowthResult};
 use crate::mlx::{Array, Stream};
-use crate::{Error, Result};
 use std::ops::RangeInclusive;
 
-/// Why a lowering leaves a node to another EP. Shown by `ONNXRUNTIME_EP_MLX_CLAIM_DEBUG=1`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decline(pub String);
-
-impl Decline {
-    pub fn new(reason: impl Into<String>) -> Decline {
-        Decline(reason.into())
-    }
-}
-
-impl From<String> for Decline {
-    fn from(s: String) -> Decline {
-        Decline(s)
-    }
-}
-
-impl std::fmt::Display for Decline {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+pub use crate::claims::*;
 
 /// What a lowering's graph may be compiled under (`mlx_compile`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -93,7 +72,7 @@ pub trait Lowering: Sync + 'static {
     /// slot replays one shapeless trace across such runs only if every node answers. The
     /// default follows [`Self::compile_safety`] (see [`crate::growth::by_safety`]).
     fn growth(&self, query: &GrowthQuery<'_>) -> GrowthResult {
-        crate::growth::by_safety(self.compile_safety(), query)
+        crate::growth::by_safety(self.compile_safety() == CompileSafety::Shapeless, query)
     }
 
     /// A name for diagnostics (the implementing type by default).
@@ -150,7 +129,7 @@ impl Lowering for FnLowering {
     fn growth(&self, query: &GrowthQuery<'_>) -> GrowthResult {
         match self.growth {
             Some(f) => f(query),
-            None => crate::growth::by_safety(self.safety, query),
+            None => crate::growth::by_safety(self.safety == CompileSafety::Shapeless, query),
         }
     }
 
@@ -163,53 +142,50 @@ impl Lowering for FnLowering {
 /// session cache for work done on constant inputs.
 pub struct LowerCtx<'a> {
     inputs: Vec<Option<Array>>,
-    /// For each input that is a constant of the partition: its identity (see [`DerivedConstants`]).
+    /// For each input that is a constant of the partition: its identity (the address of its
+    /// shared MLX copy), for the engine's cache of derived constants.
     constants: Vec<Option<usize>>,
-    derived: Option<&'a DerivedConstants>,
+    /// What the engine lends beyond the inputs (derived constants, subgraph evaluation).
+    engine: Option<&'a dyn Engine>,
     stream: &'a Stream,
     cpu: &'a Stream,
     /// Building inside a compiled trace: no host reads, no in-place updates.
     tracing: bool,
     /// Building the decode slot's shapeless trace (see [`LowerCtx::shapeless`]).
     shapeless: bool,
-    write_backs: Vec<RowWriteBack>,
-    rows_at: Vec<RowsAt>,
+    row_updates: Vec<RowUpdate>,
     guards: Vec<Array>,
     checks: Vec<Check>,
     /// Values of enclosing scopes by name (the node's implicit inputs), for its subgraphs.
     scope: Option<&'a std::collections::HashMap<String, Array>>,
-    subgraph_constants: Option<&'a SubgraphConstants>,
 }
 
-/// A plan's caches of work done on constants.
-pub struct PlanCaches {
-    pub derived: DerivedConstants,
-    pub subgraphs: SubgraphConstants,
+/// What the engine lends a lowering beyond its inputs; implemented by the engine (`exec`), so
+/// this contract depends on nothing above it.
+pub(crate) trait Engine {
+    /// `compute()`'s arrays for the constants `ids` and `tag`, computed and evaluated once and
+    /// then reused (across sessions too).
+    fn derived(
+        &self,
+        ids: Vec<usize>,
+        tag: &str,
+        compute: &mut dyn FnMut() -> Result<Vec<Array>>,
+    ) -> Result<Vec<Array>>;
+
+    /// Evaluates `graph` on `inputs` (bound to its formal inputs in order) with the engine's
+    /// translator; names it does not define resolve in `scope`. Data checks its nodes declare
+    /// go to `checks`.
+    fn subgraph(&self, graph: &crate::graph::Subgraph, inputs: Vec<Array>, at: SubgraphCall<'_>) -> Result<Vec<Array>>;
 }
 
-/// The MLX copies of subgraph initializers, made once per plan. Keyed by the subgraph's
-/// address, which is stable while the plan (which owns the node and its attributes) lives.
-#[derive(Default)]
-pub struct SubgraphConstants {
-    pub(crate) arrays: std::sync::Mutex<std::collections::HashMap<(usize, String), Array>>,
-}
-
-impl SubgraphConstants {
-    fn get(&self, graph: &crate::graph::Subgraph, name: &str, data: &crate::graph::TensorData) -> Result<Array> {
-        let key = (graph as *const crate::graph::Subgraph as usize, name.to_owned());
-        let mut arrays = self.arrays.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(a) = arrays.get(&key) {
-            return Ok(a.clone());
-        }
-        let dtype = data
-            .elem_type
-            .to_mlx()
-            .ok_or_else(|| Error::new(format!("subgraph initializer '{name}' has type {:?}", data.elem_type)))?;
-        let shared = crate::shared::SharedConstants::global().get(&data.bytes, &data.shape, dtype)?;
-        let a = Array::clone(&shared);
-        arrays.insert(key, a.clone());
-        Ok(a)
-    }
+/// Where a subgraph is evaluated from: the calling node's streams, trace mode and scope.
+pub(crate) struct SubgraphCall<'c> {
+    pub stream: &'c Stream,
+    pub cpu: &'c Stream,
+    pub tracing: bool,
+    pub shapeless: bool,
+    pub scope: Option<&'c std::collections::HashMap<String, Array>>,
+    pub checks: &'c mut Vec<Check>,
 }
 
 /// A condition on runtime data a lowering declared (see [`LowerCtx::check`]).
@@ -220,58 +196,42 @@ pub struct Check {
     pub reason: String,
 }
 
-/// A lowering's request to write new rows into the buffer of an input, at positions that are
-/// data (see [`LowerCtx::write_rows_at`]).
-pub struct RowsAt {
+/// A lowering's declaration that node output `aliased_output` is node input `input` with only
+/// some rows along `axis` changed (a KV cache append): when ORT gives that output the input's
+/// own buffer, only those rows are written (see [`LowerCtx::write_back_rows`] and
+/// [`LowerCtx::write_rows_at`]).
+pub struct RowUpdate {
     pub input: usize,
-    /// The input's shape with `S` rows along `axis`.
-    pub rows: Array,
-    /// `[B]` int32: where batch entry `b`'s rows start along `axis`.
-    pub starts: Array,
     pub axis: usize,
     pub aliased_output: usize,
+    pub rows: ChangedRows,
 }
 
-/// A lowering's request to write rows of an updated input back into ORT's buffer for it.
-pub struct RowWriteBack {
-    /// The node input whose buffer is updated.
-    pub input: usize,
-    /// The updated value: same shape and dtype as the input.
-    pub array: Array,
-    /// The axis the rows are counted along.
-    pub axis: usize,
-    /// Changed rows, as (index over the dimensions before `axis`, flattened; row range).
-    pub patches: Vec<(usize, std::ops::Range<usize>)>,
-    /// The node output that is the updated input.
-    pub aliased_output: usize,
+/// Which rows of a [`RowUpdate`] changed.
+pub enum ChangedRows {
+    /// Known while building: the whole updated value (the input's shape and dtype) and the
+    /// changed rows as (index over the dimensions before `axis`, flattened; range of rows).
+    Known { updated: Array, patches: Vec<(usize, std::ops::Range<usize>)> },
+    /// Positions that are data: the new rows (the input's shape with `S` along `axis`) and
+    /// `[B]` int32 starts, evaluated with the outputs.
+    At { rows: Array, starts: Array },
 }
 
 impl<'a> LowerCtx<'a> {
-    /// A context over plain inputs (no constants, no derived-constant cache).
+    /// A context over plain inputs (no constants, no engine: derived values are computed on
+    /// every call and subgraphs cannot run).
     pub fn new(inputs: Vec<Option<Array>>, stream: &'a Stream, cpu: &'a Stream) -> LowerCtx<'a> {
         let constants = vec![None; inputs.len()];
-        LowerCtx {
-            inputs,
-            constants,
-            derived: None,
-            stream,
-            cpu,
-            tracing: false,
-            shapeless: false,
-            write_backs: Vec::new(),
-            rows_at: Vec::new(),
-            guards: Vec::new(),
-            checks: Vec::new(),
-            scope: None,
-            subgraph_constants: None,
-        }
+        LowerCtx::for_node(inputs, constants, None, stream, cpu, false, false, None)
     }
 
+    /// The context the engine builds for one node: its inputs, their constant identities, the
+    /// engine's services, the streams, the trace mode and the enclosing scope.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn with_constants(
+    pub(crate) fn for_node(
         inputs: Vec<Option<Array>>,
         constants: Vec<Option<usize>>,
-        caches: &'a PlanCaches,
+        engine: Option<&'a dyn Engine>,
         stream: &'a Stream,
         cpu: &'a Stream,
         tracing: bool,
@@ -281,17 +241,15 @@ impl<'a> LowerCtx<'a> {
         LowerCtx {
             inputs,
             constants,
-            derived: Some(&caches.derived),
+            engine,
             stream,
             cpu,
             tracing,
             shapeless,
-            write_backs: Vec::new(),
-            rows_at: Vec::new(),
+            row_updates: Vec::new(),
             guards: Vec::new(),
             checks: Vec::new(),
             scope,
-            subgraph_constants: Some(&caches.subgraphs),
         }
     }
 
@@ -301,93 +259,23 @@ impl<'a> LowerCtx<'a> {
     /// this one is nested in. Every node must have a registered lowering that claims it (a
     /// lowering with subgraphs checks that in its claim, with [`crate::registry::global`]).
     pub fn run_subgraph(&mut self, graph: &crate::graph::Subgraph, inputs: Vec<Array>) -> Result<Vec<Array>> {
+        let engine = self.engine.ok_or_else(|| Error::new("subgraphs run only inside a partition"))?;
         let mut checks = Vec::new();
-        let outputs = self.evaluate_subgraph(graph, inputs, &mut checks);
+        let call = SubgraphCall {
+            stream: self.stream,
+            cpu: self.cpu,
+            tracing: self.tracing,
+            shapeless: self.shapeless,
+            scope: self.scope,
+            checks: &mut checks,
+        };
+        let outputs = engine.subgraph(graph, inputs, call);
         self.checks.extend(checks);
         outputs
     }
 
-    fn evaluate_subgraph(
-        &self,
-        graph: &crate::graph::Subgraph,
-        inputs: Vec<Array>,
-        checks: &mut Vec<Check>,
-    ) -> Result<Vec<Array>> {
-        if inputs.len() != graph.inputs.len() {
-            return Err(Error::new(format!("subgraph takes {} inputs, {} given", graph.inputs.len(), inputs.len())));
-        }
-        let registry = crate::registry::global()?;
-        let mut env: std::collections::HashMap<String, Array> = self.scope.cloned().unwrap_or_default();
-        let fallback = SubgraphConstants::default();
-        let cache = self.subgraph_constants.unwrap_or(&fallback);
-        for (name, t) in &graph.initializers {
-            env.insert(name.clone(), cache.get(graph, name, t)?);
-        }
-        for (formal, a) in graph.inputs.iter().zip(inputs) {
-            env.insert(formal.name.clone(), a);
-        }
-        for node in &graph.nodes {
-            let lowering = registry
-                .claim(node)
-                .map_err(|d| Error::new(format!("cannot lower: {d}")).at_node(&node.name, &node.qualified_op()))?;
-            let mut args = Vec::with_capacity(node.inputs.len());
-            for v in &node.inputs {
-                args.push(match v {
-                    None => None,
-                    Some(v) => Some(env.get(&v.name).cloned().ok_or_else(|| {
-                        Error::new(format!("input '{}' is not defined in scope", v.name))
-                            .at_node(&node.name, &node.qualified_op())
-                    })?),
-                });
-            }
-            let results = {
-                let mut ctx = LowerCtx {
-                    inputs: args,
-                    constants: vec![None; node.inputs.len()],
-                    derived: None,
-                    stream: self.stream,
-                    cpu: self.cpu,
-                    tracing: self.tracing,
-                    shapeless: self.shapeless,
-                    write_backs: Vec::new(),
-                    rows_at: Vec::new(),
-                    guards: Vec::new(),
-                    checks: Vec::new(),
-                    scope: Some(&env),
-                    subgraph_constants: Some(cache),
-                };
-                let results =
-                    lowering.lower(&mut ctx, node).map_err(|e| e.at_node(&node.name, &node.qualified_op()))?;
-                // The branch's data checks hold for the node that runs it.
-                for c in ctx.checks.drain(..) {
-                    checks
-                        .push(Check { reason: Error::new(c.reason).at_node(&node.name, &node.qualified_op()).0, ..c });
-                }
-                results
-            };
-            for (out, a) in node.outputs.iter().zip(results) {
-                if let Some(out) = out {
-                    env.insert(out.name.clone(), a);
-                }
-            }
-        }
-        graph
-            .outputs
-            .iter()
-            .map(|o| {
-                env.get(&o.name)
-                    .cloned()
-                    .ok_or_else(|| Error::new(format!("subgraph output '{}' was not produced", o.name)))
-            })
-            .collect()
-    }
-
-    pub(crate) fn take_write_backs(&mut self) -> Vec<RowWriteBack> {
-        std::mem::take(&mut self.write_backs)
-    }
-
-    pub(crate) fn take_rows_at(&mut self) -> Vec<RowsAt> {
-        std::mem::take(&mut self.rows_at)
+    pub(crate) fn take_row_updates(&mut self) -> Vec<RowUpdate> {
+        std::mem::take(&mut self.row_updates)
     }
 
     pub(crate) fn take_guards(&mut self) -> Vec<Array> {
@@ -528,7 +416,8 @@ impl<'a> LowerCtx<'a> {
                 original.shape()
             )));
         }
-        self.write_backs.push(RowWriteBack { input, array: updated.clone(), axis, patches, aliased_output });
+        let rows = ChangedRows::Known { updated: updated.clone(), patches };
+        self.row_updates.push(RowUpdate { input, axis, aliased_output, rows });
         Ok(())
     }
 
@@ -564,7 +453,7 @@ impl<'a> LowerCtx<'a> {
         let starts = crate::mlx::ops::astype(starts, crate::mlx::Dtype::I32, self.stream)?;
         let starts = crate::mlx::ops::reshape(&starts, &[os[0]], self.stream)?;
         let rows = crate::mlx::ops::contiguous(rows, self.stream)?;
-        self.rows_at.push(RowsAt { input, rows, starts, axis, aliased_output });
+        self.row_updates.push(RowUpdate { input, axis, aliased_output, rows: ChangedRows::At { rows, starts } });
         Ok(())
     }
 
@@ -629,232 +518,16 @@ impl<'a> LowerCtx<'a> {
     ) -> Result<Vec<Array>> {
         let args: Vec<&Array> = inputs.iter().map(|&i| self.input(i)).collect::<Result<_>>()?;
         let ids: Option<Vec<usize>> = inputs.iter().map(|&i| self.constants.get(i).copied().flatten()).collect();
-        match (ids, self.derived) {
-            (Some(ids), Some(cache)) => {
-                Ok(cache.get_or_compute(ids, tag, || transform(&args, self.stream))?.as_ref().clone())
+        match (ids, self.engine) {
+            (Some(ids), Some(engine)) => {
+                let mut transform = Some(transform);
+                let stream = self.stream;
+                engine.derived(ids, tag, &mut || match transform.take() {
+                    Some(f) => f(&args, stream),
+                    None => Err(Error::new("a derived constant's transform ran twice")),
+                })
             }
             _ => transform(&args, self.stream),
         }
     }
-}
-
-type DerivedKey = (Vec<usize>, String);
-
-/// The process-wide index of derived constants, so sessions of one model share them.
-fn shared_derived() -> &'static std::sync::Mutex<std::collections::HashMap<DerivedKey, std::sync::Weak<Vec<Array>>>> {
-    static TABLE: std::sync::OnceLock<
-        std::sync::Mutex<std::collections::HashMap<DerivedKey, std::sync::Weak<Vec<Array>>>>,
-    > = std::sync::OnceLock::new();
-    TABLE.get_or_init(Default::default)
-}
-
-/// The session's cache of values derived from constants, keyed by (the constants' identities,
-/// transform tag). A constant's identity is its shared MLX copy (see [`crate::shared`]): equal
-/// weights in two sessions are one copy, so their derived values are found across sessions
-/// too. Entries live as long as a plan holds them (a plan also holds the constants they were
-/// derived from, so an identity is never reused while an entry for it lives).
-pub struct DerivedConstants {
-    values: std::sync::Mutex<std::collections::HashMap<DerivedKey, std::sync::Arc<Vec<Array>>>>,
-    stats: std::sync::Arc<crate::stats::SessionStats>,
-}
-
-impl DerivedConstants {
-    pub fn new(stats: std::sync::Arc<crate::stats::SessionStats>) -> DerivedConstants {
-        DerivedConstants { values: Default::default(), stats }
-    }
-
-    fn get_or_compute(
-        &self,
-        ids: Vec<usize>,
-        tag: &str,
-        compute: impl FnOnce() -> Result<Vec<Array>>,
-    ) -> Result<std::sync::Arc<Vec<Array>>> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let key = (ids, tag.to_owned());
-        let mut values = self.values.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(a) = values.get(&key) {
-            return Ok(std::sync::Arc::clone(a));
-        }
-        let mut shared = shared_derived().lock().unwrap_or_else(|p| p.into_inner());
-        shared.retain(|_, w| w.strong_count() > 0);
-        if let Some(found) = shared.get(&key).and_then(std::sync::Weak::upgrade) {
-            self.stats.derived_constants_shared.fetch_add(1, Relaxed);
-            values.insert(key, std::sync::Arc::clone(&found));
-            return Ok(found);
-        }
-        let arrays = compute()?;
-        crate::mlx::VectorArray::from_arrays(&arrays)?.eval()?;
-        self.stats.derived_constants.fetch_add(1, Relaxed);
-        let arrays = std::sync::Arc::new(arrays);
-        shared.insert(key.clone(), std::sync::Arc::downgrade(&arrays));
-        values.insert(key, std::sync::Arc::clone(&arrays));
-        Ok(arrays)
-    }
-}
-
-/// The float types MLX computes natively on every backend.
-pub const FLOATS: &[ElemType] = &[ElemType::F32, ElemType::F16, ElemType::BF16];
-
-/// Signed and unsigned integer types.
-pub const INTS: &[ElemType] = &[
-    ElemType::I8,
-    ElemType::I16,
-    ElemType::I32,
-    ElemType::I64,
-    ElemType::U8,
-    ElemType::U16,
-    ElemType::U32,
-    ElemType::U64,
-];
-
-/// Floats (float64 included: it runs on the CPU stream) and integers.
-pub const NUMERIC: &[ElemType] = &[
-    ElemType::F32,
-    ElemType::F16,
-    ElemType::BF16,
-    ElemType::F64,
-    ElemType::I8,
-    ElemType::I16,
-    ElemType::I32,
-    ElemType::I64,
-    ElemType::U8,
-    ElemType::U16,
-    ElemType::U32,
-    ElemType::U64,
-];
-
-/// Every type an MLX array holds bit for bit: the data-movement ops take any of them.
-pub const ALL_TYPES: &[ElemType] = &[
-    ElemType::F32,
-    ElemType::F16,
-    ElemType::BF16,
-    ElemType::F64,
-    ElemType::I8,
-    ElemType::I16,
-    ElemType::I32,
-    ElemType::I64,
-    ElemType::U8,
-    ElemType::U16,
-    ElemType::U32,
-    ElemType::U64,
-    ElemType::Bool,
-];
-
-/// Checks a shape a lowering is about to build from data (sizes read from an input, an
-/// attribute): every dimension within `0..=i32::MAX` (MLX holds dimensions as 32-bit
-/// integers) and the whole tensor within MLX's memory limit. Call it before doing host work
-/// proportional to the shape.
-pub fn check_shape(shape: &[i64], dtype: crate::mlx::Dtype) -> Result<()> {
-    if let Some(d) = shape.iter().find(|&&d| !(0..=i32::MAX as i64).contains(&d)) {
-        return Err(Error::new(format!("dimension {d} of shape {shape:?} is outside 0..=2^31-1")));
-    }
-    let bytes =
-        shape.iter().try_fold(dtype.size_in_bytes() as u64, |acc, &d| acc.checked_mul(d as u64)).unwrap_or(u64::MAX);
-    let limit = memory_limit();
-    if bytes > limit {
-        return Err(Error::new(format!(
-            "a {dtype:?}{shape:?} tensor ({bytes} bytes) is more than MLX's memory limit of {limit} bytes"
-        )));
-    }
-    Ok(())
-}
-
-/// MLX's memory limit in bytes (read once), `u64::MAX` where the backend sets none.
-pub fn memory_limit() -> u64 {
-    static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| crate::mlx::memory_limit().ok().filter(|&l| l > 0).map_or(u64::MAX, |l| l as u64))
-}
-
-/// Declines unless input `i` (if present) has one of `allowed` element types.
-pub fn require_input_type(node: &NodeInfo, i: usize, allowed: &[ElemType]) -> std::result::Result<(), Decline> {
-    match node.input(i) {
-        None => Ok(()),
-        Some(v) => match v.elem_type {
-            Some(t) if allowed.contains(&t) => Ok(()),
-            t => Err(Decline(format!("input '{}' has element type {t:?}; supported: {allowed:?}", v.name))),
-        },
-    }
-}
-
-/// Declines unless input `i` is present and a constant initializer.
-pub fn require_constant(node: &NodeInfo, i: usize, what: &str) -> std::result::Result<(), Decline> {
-    match node.input(i) {
-        Some(v) if v.is_constant => Ok(()),
-        Some(v) => Err(Decline(format!("{what} ('{}') must be a constant initializer", v.name))),
-        None => Err(Decline(format!("{what} (input {i}) is missing"))),
-    }
-}
-
-/// `axis` (negative counts from the end) as an index into a rank-`rank` shape.
-pub fn normalize_axis(axis: i64, rank: usize) -> std::result::Result<usize, String> {
-    let r = rank as i64;
-    let a = if axis < 0 { axis + r } else { axis };
-    if a < 0 || a >= r.max(1) {
-        return Err(format!("axis {axis} is out of range for rank {rank}"));
-    }
-    Ok(a as usize)
-}
-
-/// The rank of input `i` when ORT knows it.
-pub fn input_rank(node: &NodeInfo, i: usize) -> Option<usize> {
-    node.input(i).and_then(ValueInfo::rank)
-}
-
-/// The element type of input `i` when known.
-pub fn input_type(node: &NodeInfo, i: usize) -> Option<ElemType> {
-    node.input(i).and_then(|v| v.elem_type)
-}
-
-/// Declines unless every present input and output is a tensor of one of `allowed`.
-pub fn require_types(node: &NodeInfo, allowed: &[ElemType]) -> std::result::Result<(), Decline> {
-    let values = node.inputs.iter().chain(node.outputs.iter()).flatten();
-    for v in values {
-        match v.elem_type {
-            Some(t) if allowed.contains(&t) => {}
-            Some(t) => {
-                return Err(Decline(format!("'{}' has element type {t:?}; supported: {allowed:?}", v.name)));
-            }
-            None => return Err(Decline(format!("'{}' is not a tensor", v.name))),
-        }
-    }
-    Ok(())
-}
-
-/// Declines unless input `i` is present with a known rank within `ranks`.
-pub fn require_input_rank(
-    node: &NodeInfo,
-    i: usize,
-    ranks: RangeInclusive<usize>,
-) -> std::result::Result<usize, Decline> {
-    let v = node.input(i).ok_or_else(|| Decline(format!("input {i} is missing")))?;
-    match v.rank() {
-        Some(r) if ranks.contains(&r) => Ok(r),
-        Some(r) => Err(Decline(format!("input '{}' has rank {r}; supported: {ranks:?}", v.name))),
-        None => Err(Decline(format!("input '{}' has an unknown rank", v.name))),
-    }
-}
-
-/// Declines unless the node has between `min` and `max` inputs present.
-pub fn require_inputs(node: &NodeInfo, min: usize, max: usize) -> std::result::Result<(), Decline> {
-    let n = node.inputs.len();
-    if n < min || n > max {
-        return Err(Decline(format!("{n} inputs; expected {min}..={max}")));
-    }
-    for i in 0..min {
-        if node.input(i).is_none() {
-            return Err(Decline(format!("required input {i} is missing")));
-        }
-    }
-    Ok(())
-}
-
-/// Registers a [`Lowering`] value in the EP's registry:
-/// `ep_core::register_lowering!(ADD = Binary::new("Add", ...));`
-#[macro_export]
-macro_rules! register_lowering {
-    ($name:ident = $value:expr) => {
-        #[$crate::linkme::distributed_slice($crate::registry::LOWERINGS)]
-        #[linkme(crate = $crate::linkme)]
-        static $name: &'static dyn $crate::Lowering = &$value;
-    };
 }

@@ -89,6 +89,59 @@ pub fn global() -> Result<&'static Registry> {
     REGISTRY.get_or_init(|| Registry::build(&LOWERINGS)).as_ref().map_err(Clone::clone)
 }
 
+/// An op crate's family of lowerings, returned by its `link()`. A plugin library passes every
+/// family it bundles to [`export_plugin!`](crate::export_plugin), which records them: the
+/// reference keeps the crate, and so its registrations, in the library, and the verbose
+/// summary names them.
+#[must_use = "pass it to ep_core::export_plugin! so the linker keeps the crate's lowerings"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Family {
+    pub name: &'static str,
+}
+
+/// One family or several (what `export_plugin!` takes).
+pub struct Families(pub Vec<Family>);
+
+impl From<Family> for Families {
+    fn from(f: Family) -> Families {
+        Families(vec![f])
+    }
+}
+
+impl From<Vec<Family>> for Families {
+    fn from(f: Vec<Family>) -> Families {
+        Families(f)
+    }
+}
+
+/// Records the families a library bundles (called by `export_plugin!`'s entry point).
+pub fn keep_families(families: impl Into<Families>) {
+    let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+    for f in families.into().0 {
+        if !kept.contains(&f) {
+            kept.push(f);
+        }
+    }
+}
+
+/// The families recorded so far.
+pub fn kept_families() -> Vec<Family> {
+    KEPT.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+static KEPT: std::sync::Mutex<Vec<Family>> = std::sync::Mutex::new(Vec::new());
+
+/// Registers a [`Lowering`] value in the EP's registry:
+/// `ep_core::register_lowering!(ADD = Binary::new("Add", ...));`
+#[macro_export]
+macro_rules! register_lowering {
+    ($name:ident = $value:expr) => {
+        #[$crate::linkme::distributed_slice($crate::registry::LOWERINGS)]
+        #[linkme(crate = $crate::linkme)]
+        static $name: &'static dyn $crate::Lowering = &$value;
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -169,7 +169,7 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
-    register_spec!("", "Attention", || {
+    register_spec!(super::ATTENTION, || {
         let dims = (1..=2i64, 1..=2i64, 1..=2i64, 1..=4i64, 0..=3i64, 2..=4i64);
         (float_dtype(), dims, any::<(bool, bool, bool)>(), 0..3u8, 0..4i64, seed())
             .prop_map(|(t, (b, kvh, reps, sq, past, h), (three_d, causal, softcap), mask, mode, seed)| {

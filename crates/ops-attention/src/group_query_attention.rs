@@ -369,7 +369,7 @@ mod spec {
         (0..batch).map(|b| if b == 0 { hi } else { lo + ((seed >> (8 * b)) % span) as i64 }).collect()
     }
 
-    register_spec!("com.microsoft", "GroupQueryAttention", || {
+    register_spec!(super::GROUP_QUERY_ATTENTION, || {
         let heads = (1..=2i64, 1..=2i64, prop_oneof![Just(16i64), Just(32)], 1..=2i64);
         let flags = (any::<(bool, bool, bool)>(), 0..3u8, 0..4u8, any::<(bool, bool)>());
         (dtype_of(&[DType::F32, DType::F16]), heads, 0..3u8, (1..=4i64, 0..=5i64), flags, seed())

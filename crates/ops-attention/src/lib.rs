@@ -17,4 +17,6 @@ mod rotary_embedding;
 mod tensor_scatter;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
-pub fn link() {}
+pub fn link() -> ep_core::registry::Family {
+    ep_core::registry::Family { name: "attention" }
+}

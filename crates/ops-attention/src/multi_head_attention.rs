@@ -234,7 +234,7 @@ mod spec {
             .collect()
     }
 
-    register_spec!("com.microsoft", "MultiHeadAttention", || {
+    register_spec!(super::MULTI_HEAD_ATTENTION, || {
         let dims = (1..=2i64, 1..=3i64, 1..=8i64, 1..=4i64, 1..=5i64, 1..=8i64);
         let flags = (0..3u8, any::<(bool, bool, bool)>(), 0..4u8, 0..3u8, 0..4u8, 0..3u8);
         (dtype_of(&[DType::F32, DType::F16]), dims, flags, seed())

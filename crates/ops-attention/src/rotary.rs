@@ -65,14 +65,16 @@ pub(crate) fn angles(
     if rows == 0 {
         bail!("the cos/sin caches have no rows");
     }
-    let p = ops::astype(positions, Dtype::I32, s)?;
-    let (zero, last) = (ops::scalar(0.0, Dtype::I32, s)?, ops::scalar((rows - 1) as f64, Dtype::I32, s)?);
+    // Checked and clamped in 64 bits (position ids are int64: casting first would wrap 2^40
+    // into range), then narrowed for the gather.
+    let p = ops::astype(positions, Dtype::I64, s)?;
+    let (zero, last) = (ops::scalar(0.0, Dtype::I64, s)?, ops::scalar((rows - 1) as f64, Dtype::I64, s)?);
     let inside = ops::logical_and(&ops::greater_equal(&p, &zero, s)?, &ops::less_equal(&p, &last, s)?, s)?;
     ctx.check(
         &inside,
         format!("a position is outside the cos/sin caches' {rows} rows (it must lie within [0, {}])", rows - 1),
     )?;
-    let p = ops::clip(&p, Some(&zero), Some(&last), s)?;
+    let p = ops::astype(&ops::clip(&p, Some(&zero), Some(&last), s)?, Dtype::I32, s)?;
     let pick = |cache: &Array| -> Result<Array> {
         let half = cache.shape()[1];
         let rows = ops::take(cache, &p, 0, s)?;

@@ -71,9 +71,10 @@ fn lower_ms(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let x = &ctx.input(0)?.clone();
     let (batch, seq) = (x.shape()[0], seq_len(x));
-    let ids = ops::astype(ctx.input(1)?, Dtype::I32, s)?;
+    // int64 until the range check in `rotary::angles` (a narrowing cast would wrap 2^40).
+    let ids = ops::astype(ctx.input(1)?, Dtype::I64, s)?;
     let positions = if ids.size() == 1 {
-        let steps = ops::reshape(&ops::arange(0.0, seq as f64, 1.0, Dtype::I32, s)?, &[1, seq], s)?;
+        let steps = ops::reshape(&ops::arange(0.0, seq as f64, 1.0, Dtype::I64, s)?, &[1, seq], s)?;
         ops::broadcast_to(&ops::add(&ops::reshape(&ids, &[1, 1], s)?, &steps, s)?, &[batch, seq], s)?
     } else {
         ids
@@ -152,7 +153,7 @@ mod spec {
         if four_d { vec![b, n, s, h] } else { vec![b, s, n * h] }
     }
 
-    register_spec!("com.microsoft", "RotaryEmbedding", || {
+    register_spec!(super::ROTARY_EMBEDDING_MS, || {
         (dtype_of(&[DType::F32, DType::F16]), geometry(), any::<bool>(), seed())
             .prop_map(|(t, (b, s, n, h, rd, four_d, interleaved), offset_ids, seed)| {
                 let rows = s + 6;
@@ -174,7 +175,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "RotaryEmbedding", || {
+    register_spec!(super::ROTARY_EMBEDDING, || {
         (dtype_of(&[DType::F32, DType::F16]), geometry(), any::<bool>(), seed())
             .prop_map(|(t, (b, s, n, h, rd, four_d, interleaved), with_ids, seed)| {
                 let shape = x_shape(b, s, n, h, four_d);

@@ -147,5 +147,5 @@ mod spec {
             .boxed()
     }
 
-    register_spec!("", "TensorScatter", tensor_scatter);
+    register_spec!(super::TENSOR_SCATTER, tensor_scatter);
 }

@@ -10,4 +10,6 @@
 mod if_op;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
-pub fn link() {}
+pub fn link() -> ep_core::registry::Family {
+    ep_core::registry::Family { name: "controlflow" }
+}

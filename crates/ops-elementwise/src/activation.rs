@@ -269,13 +269,13 @@ mod spec {
         if seed.is_multiple_of(2) { vec![] } else { vec![("alpha", Attr::Float(0.3 + (seed % 7) as f32 * 0.25))] }
     }
 
-    register_spec!("", "LeakyRelu", || act("", "LeakyRelu", 6, alpha));
-    register_spec!("", "Elu", || act("", "Elu", 6, alpha));
-    register_spec!("", "Selu", || act("", "Selu", 6, |seed| {
+    register_spec!(super::LEAKY_RELU, || act("", "LeakyRelu", 6, alpha));
+    register_spec!(super::ELU, || act("", "Elu", 6, alpha));
+    register_spec!(super::SELU, || act("", "Selu", 6, |seed| {
         if seed % 2 == 0 { vec![] } else { vec![("alpha", Attr::Float(1.5)), ("gamma", Attr::Float(1.2))] }
     }));
     // ORT's CPU Celu takes float32 only.
-    register_spec!("", "Celu", || {
+    register_spec!(super::CELU, || {
         act("", "Celu", 12, alpha)
             .prop_map(|mut c| {
                 c.inputs[0].dtype = conformance_spec::DType::F32;
@@ -284,21 +284,21 @@ mod spec {
             })
             .boxed()
     });
-    register_spec!("", "ThresholdedRelu", || act("", "ThresholdedRelu", 10, alpha));
-    register_spec!("", "Gelu", || act("", "Gelu", 20, |seed| {
+    register_spec!(super::THRESHOLDED_RELU, || act("", "ThresholdedRelu", 10, alpha));
+    register_spec!(super::GELU, || act("", "Gelu", 20, |seed| {
         if seed % 2 == 0 { vec![] } else { vec![("approximate", Attr::Str("tanh".into()))] }
     }));
-    register_spec!("", "Mish", || act("", "Mish", 18, none));
-    register_spec!("", "HardSigmoid", || act("", "HardSigmoid", 6, |seed| {
+    register_spec!(super::MISH, || act("", "Mish", 18, none));
+    register_spec!(super::HARD_SIGMOID, || act("", "HardSigmoid", 6, |seed| {
         if seed % 2 == 0 { vec![] } else { vec![("alpha", Attr::Float(0.3)), ("beta", Attr::Float(0.4))] }
     }));
-    register_spec!("", "HardSwish", || act("", "HardSwish", 14, none));
-    register_spec!("", "Softplus", || act("", "Softplus", 1, none));
-    register_spec!("", "Softsign", || act("", "Softsign", 1, none));
-    register_spec!("com.microsoft", "QuickGelu", || act("com.microsoft", "QuickGelu", 1, alpha));
-    register_spec!("com.microsoft", "Gelu", || act("com.microsoft", "Gelu", 1, none));
+    register_spec!(super::HARD_SWISH, || act("", "HardSwish", 14, none));
+    register_spec!(super::SOFTPLUS, || act("", "Softplus", 1, none));
+    register_spec!(super::SOFTSIGN, || act("", "Softsign", 1, none));
+    register_spec!(super::QUICK_GELU, || act("com.microsoft", "QuickGelu", 1, alpha));
+    register_spec!(super::MS_GELU, || act("com.microsoft", "Gelu", 1, none));
 
-    register_spec!("", "PRelu", || {
+    register_spec!(super::PRELU, || {
         (float_dtype(), broadcast_pair(1..=4), opset(9..=22), seed())
             .prop_map(|(t, (x, slope, _), v, seed)| {
                 // The slope broadcasts to x (unidirectionally): keep only its trailing dims.
@@ -328,6 +328,6 @@ mod spec {
             .boxed()
     }
 
-    register_spec!("com.microsoft", "FastGelu", || biased("FastGelu", false));
-    register_spec!("com.microsoft", "BiasGelu", || biased("BiasGelu", true));
+    register_spec!(super::FAST_GELU, || biased("FastGelu", false));
+    register_spec!(super::BIAS_GELU, || biased("BiasGelu", true));
 }

@@ -268,11 +268,11 @@ mod spec {
             .boxed()
     }
 
-    register_spec!("", "Add", || binary("Add", 7, arith_dtype(), None, false));
-    register_spec!("", "Sub", || binary("Sub", 7, arith_dtype(), None, false));
-    register_spec!("", "Mul", || binary("Mul", 7, arith_dtype(), None, false));
-    register_spec!("", "Div", || binary("Div", 7, arith_dtype(), None, true));
-    register_spec!("", "Pow", || {
+    register_spec!(super::ADD, || binary("Add", 7, arith_dtype(), None, false));
+    register_spec!(super::SUB, || binary("Sub", 7, arith_dtype(), None, false));
+    register_spec!(super::MUL, || binary("Mul", 7, arith_dtype(), None, false));
+    register_spec!(super::DIV, || binary("Div", 7, arith_dtype(), None, true));
+    register_spec!(super::POW, || {
         (float_dtype(), broadcast_pair(0..=3), opset(7..=22), 0..4u8, seed())
             .prop_map(|(t, (a, b, y), v, exponent, seed)| {
                 let case = Case::op("Pow", v).input_with("a", t, &a, Values::Uniform { lo: -3.0, hi: 3.0 });
@@ -291,7 +291,7 @@ mod spec {
             })
             .boxed()
     });
-    register_spec!("", "Mod", || {
+    register_spec!(super::MOD, || {
         (select(&[DType::F32, DType::I32, DType::I64][..]), broadcast_pair(0..=3), opset(13..=22), seed())
             .prop_map(|(t, (a, b, y), v, seed)| {
                 let nb: i64 = b.iter().product();
@@ -323,17 +323,17 @@ mod spec {
             })
             .boxed()
     }
-    register_spec!("", "Equal", || compare("Equal", 11));
-    register_spec!("", "Less", || compare("Less", 9));
-    register_spec!("", "Greater", || compare("Greater", 9));
-    register_spec!("", "LessOrEqual", || compare("LessOrEqual", 12));
-    register_spec!("", "GreaterOrEqual", || compare("GreaterOrEqual", 12));
+    register_spec!(super::EQUAL, || compare("Equal", 11));
+    register_spec!(super::LESS, || compare("Less", 9));
+    register_spec!(super::GREATER, || compare("Greater", 9));
+    register_spec!(super::LESS_OR_EQUAL, || compare("LessOrEqual", 12));
+    register_spec!(super::GREATER_OR_EQUAL, || compare("GreaterOrEqual", 12));
     fn logic(op: &'static str) -> BoxedStrategy<Case> {
         binary(op, 7, Just(DType::Bool).boxed(), None, false)
     }
-    register_spec!("", "And", || logic("And"));
-    register_spec!("", "Or", || logic("Or"));
-    register_spec!("", "Xor", || logic("Xor"));
+    register_spec!(super::AND, || logic("And"));
+    register_spec!(super::OR, || logic("Or"));
+    register_spec!(super::XOR, || logic("Xor"));
     fn bitwise(op: &'static str) -> BoxedStrategy<Case> {
         (select(&[DType::I32, DType::I64, DType::U8][..]), broadcast_pair(0..=3), opset(18..=22), seed())
             .prop_map(move |(t, (a, b, y), v, seed)| {
@@ -346,10 +346,10 @@ mod spec {
             })
             .boxed()
     }
-    register_spec!("", "BitwiseAnd", || bitwise("BitwiseAnd"));
-    register_spec!("", "BitwiseOr", || bitwise("BitwiseOr"));
-    register_spec!("", "BitwiseXor", || bitwise("BitwiseXor"));
-    register_spec!("", "BitShift", || {
+    register_spec!(super::BITWISE_AND, || bitwise("BitwiseAnd"));
+    register_spec!(super::BITWISE_OR, || bitwise("BitwiseOr"));
+    register_spec!(super::BITWISE_XOR, || bitwise("BitwiseXor"));
+    register_spec!(super::BIT_SHIFT, || {
         (select(&[DType::U8, DType::U32, DType::U64][..]), broadcast_pair(0..=3), any::<bool>(), opset(11..=22), seed())
             .prop_map(|(t, (a, b, y), left, v, seed)| {
                 Case::op("BitShift", v)

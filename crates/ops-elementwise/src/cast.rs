@@ -51,7 +51,7 @@ ep_core::register_lowering!(
         claim: claim_cast,
         lower: lower_cast,
         safety: CompileSafety::Shapeless,
-        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::Shapeless, q)),
+        growth: Some(|q| ep_core::growth::carries_sizes(true, q)),
     }
 );
 
@@ -194,7 +194,7 @@ mod spec {
         }
     }
 
-    register_spec!("", "Cast", || {
+    register_spec!(super::CAST, || {
         (select(CAST_TYPES), select(CAST_TYPES), shape(0..=3), opset(13..=22), seed())
             .prop_map(|(from, to, s, v, seed)| {
                 Case::op("Cast", v)
@@ -206,7 +206,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "CastLike", || {
+    register_spec!(super::CAST_LIKE, || {
         (select(CAST_TYPES), select(CAST_TYPES), shape(0..=3), opset(15..=22), seed())
             .prop_map(|(from, to, s, v, seed)| {
                 Case::op("CastLike", v)
@@ -218,7 +218,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "IsNaN", || {
+    register_spec!(super::IS_NAN, || {
         (float_dtype(), shape(0..=3), opset(13..=22), seed())
             .prop_map(|(t, s, v, seed)| {
                 Case::op("IsNaN", v)
@@ -229,7 +229,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "IsInf", || {
+    register_spec!(super::IS_INF, || {
         (select(&[DType::F32, DType::F64][..]), shape(0..=3), any::<(bool, bool)>(), opset(10..=22), seed())
             .prop_map(|(t, s, (pos, neg), v, seed)| {
                 Case::op("IsInf", v)
@@ -242,13 +242,13 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Not", || {
+    register_spec!(super::NOT, || {
         (shape(0..=4), opset(7..=22), seed())
             .prop_map(|(s, v, seed)| Case::unary("Not", v, DType::Bool, &s).with_seed(seed))
             .boxed()
     });
 
-    register_spec!("", "BitwiseNot", || {
+    register_spec!(super::BITWISE_NOT, || {
         (select(&[DType::I32, DType::I64, DType::U8][..]), shape(0..=3), opset(18..=22), seed())
             .prop_map(|(t, s, v, seed)| {
                 Case::op("BitwiseNot", v)

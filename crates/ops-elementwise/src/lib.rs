@@ -16,4 +16,6 @@ mod unary;
 mod variadic;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
-pub fn link() {}
+pub fn link() -> ep_core::registry::Family {
+    ep_core::registry::Family { name: "elementwise" }
+}

@@ -102,7 +102,7 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
-    register_spec!("", "Where", || {
+    register_spec!(super::WHERE, || {
         (
             select(&[DType::F32, DType::F16, DType::I64, DType::I32, DType::U8][..]),
             broadcast_pair(0..=3),
@@ -127,7 +127,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Clip", || {
+    register_spec!(super::CLIP, || {
         (select(&[DType::F32, DType::F16, DType::I32, DType::I64][..]), shape(0..=4), 0..4u8, opset(7..=22), seed())
             .prop_map(|(t, s, bounds, v, seed)| {
                 let vals = if t.is_float() { Values::Special } else { Values::Uniform { lo: -20.0, hi: 20.0 } };

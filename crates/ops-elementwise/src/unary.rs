@@ -145,33 +145,33 @@ mod spec {
             .boxed()
     }
 
-    register_spec!("", "Relu", || unary("Relu", 6));
-    register_spec!("", "Sigmoid", || unary("Sigmoid", 6));
-    register_spec!("", "Tanh", || unary("Tanh", 6));
-    register_spec!("", "Exp", || unary("Exp", 6));
-    register_spec!("", "Log", || unary("Log", 6));
-    register_spec!("", "Sqrt", || unary("Sqrt", 6));
-    register_spec!("", "Abs", || with_ints("Abs", true));
-    register_spec!("", "Neg", || with_ints("Neg", false));
-    register_spec!("", "Reciprocal", || unary("Reciprocal", 6));
-    register_spec!("", "Floor", || unary("Floor", 6));
-    register_spec!("", "Ceil", || unary("Ceil", 6));
-    register_spec!("", "Round", || unary("Round", 11));
+    register_spec!(super::RELU, || unary("Relu", 6));
+    register_spec!(super::SIGMOID, || unary("Sigmoid", 6));
+    register_spec!(super::TANH, || unary("Tanh", 6));
+    register_spec!(super::EXP, || unary("Exp", 6));
+    register_spec!(super::LOG, || unary("Log", 6));
+    register_spec!(super::SQRT, || unary("Sqrt", 6));
+    register_spec!(super::ABS, || with_ints("Abs", true));
+    register_spec!(super::NEG, || with_ints("Neg", false));
+    register_spec!(super::RECIPROCAL, || unary("Reciprocal", 6));
+    register_spec!(super::FLOOR, || unary("Floor", 6));
+    register_spec!(super::CEIL, || unary("Ceil", 6));
+    register_spec!(super::ROUND, || unary("Round", 11));
     // ORT's CPU EP gives Sign(NaN) = NaN in float32 but 0 in float16; the lowering keeps NaN
     // (NumPy's and ONNX's reference answer), so float16 cases leave NaN out.
-    register_spec!("", "Sign", || {
+    register_spec!(super::SIGN, || {
         unary_with("Sign", 9, |t| if t == DType::F16 { Values::Uniform { lo: -3.0, hi: 3.0 } } else { Values::Special })
     });
-    register_spec!("", "Erf", || unary("Erf", 9));
-    register_spec!("", "Sin", || unary("Sin", 7));
-    register_spec!("", "Cos", || unary("Cos", 7));
-    register_spec!("", "Tan", || unary("Tan", 7));
-    register_spec!("", "Asin", || unary("Asin", 7));
-    register_spec!("", "Acos", || unary("Acos", 7));
-    register_spec!("", "Atan", || unary("Atan", 7));
-    register_spec!("", "Sinh", || unary("Sinh", 9));
-    register_spec!("", "Cosh", || unary("Cosh", 9));
-    register_spec!("", "Asinh", || unary("Asinh", 9));
-    register_spec!("", "Acosh", || unary("Acosh", 9));
-    register_spec!("", "Atanh", || unary("Atanh", 9));
+    register_spec!(super::ERF, || unary("Erf", 9));
+    register_spec!(super::SIN, || unary("Sin", 7));
+    register_spec!(super::COS, || unary("Cos", 7));
+    register_spec!(super::TAN, || unary("Tan", 7));
+    register_spec!(super::ASIN, || unary("Asin", 7));
+    register_spec!(super::ACOS, || unary("Acos", 7));
+    register_spec!(super::ATAN, || unary("Atan", 7));
+    register_spec!(super::SINH, || unary("Sinh", 9));
+    register_spec!(super::COSH, || unary("Cosh", 9));
+    register_spec!(super::ASINH, || unary("Asinh", 9));
+    register_spec!(super::ACOSH, || unary("Acosh", 9));
+    register_spec!(super::ATANH, || unary("Atanh", 9));
 }

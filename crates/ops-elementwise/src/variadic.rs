@@ -100,8 +100,8 @@ mod spec {
             .boxed()
     }
 
-    register_spec!("", "Min", || variadic("Min", &[DType::F32, DType::F16, DType::I32, DType::I64]));
-    register_spec!("", "Max", || variadic("Max", &[DType::F32, DType::F16, DType::I32, DType::I64]));
-    register_spec!("", "Sum", || variadic("Sum", &[DType::F32, DType::F16]));
-    register_spec!("", "Mean", || variadic("Mean", &[DType::F32, DType::F16]));
+    register_spec!(super::MIN, || variadic("Min", &[DType::F32, DType::F16, DType::I32, DType::I64]));
+    register_spec!(super::MAX, || variadic("Max", &[DType::F32, DType::F16, DType::I32, DType::I64]));
+    register_spec!(super::SUM, || variadic("Sum", &[DType::F32, DType::F16]));
+    register_spec!(super::MEAN, || variadic("Mean", &[DType::F32, DType::F16]));
 }

@@ -247,7 +247,7 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
-    register_spec!("", "ConvTranspose", || {
+    register_spec!(super::CONV_TRANSPOSE, || {
         let geometry = (1..=2usize, 1..=2i64, 1..=2i64, 1..=2i64, 1..=2i64, 1..=2i64, 0..=1i64, 0..=1i64);
         (select(&[DType::F32, DType::F32, DType::F16][..]), geometry, 1..=2i64, any::<bool>(), opset(11..=22), seed())
             .prop_map(|(t, (dims, n, g, cpg, stride, dil, pad, opad), m_per_g, bias, v, seed)| {
@@ -288,7 +288,7 @@ mod spec {
 
     // Depthwise convolutions (one channel per group), kernels wider than the padded input
     // included: the form MobileNet-style networks use.
-    register_spec!("", "Conv", || { prop_oneof![3 => grouped_conv(), 1 => depthwise_conv()].boxed() });
+    register_spec!(super::CONV, || { prop_oneof![3 => grouped_conv(), 1 => depthwise_conv()].boxed() });
 
     fn depthwise_conv() -> BoxedStrategy<Case> {
         (

@@ -212,7 +212,7 @@ mod spec {
             .attr_ints("pads", &[pad; 4])
     }
 
-    register_spec!("", "ConvInteger", || {
+    register_spec!(super::CONV_INTEGER, || {
         (dtype_of(&[DType::U8, DType::I8]), geometry(), any::<bool>(), seed())
             .prop_map(|(t, (x, w, y, group, k, stride, pad), zp, seed)| {
                 // ORT's ConvInteger takes uint8 input with int8 or uint8 weights.
@@ -231,7 +231,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "QLinearConv", || {
+    register_spec!(super::QLINEAR_CONV, || {
         (dtype_of(&[DType::U8, DType::I8]), geometry(), any::<(bool, bool)>(), seed())
             .prop_map(|(t, (x, w, y, group, k, stride, pad), (per_channel, bias), seed)| {
                 let m = w[0];

@@ -51,7 +51,7 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
-    register_spec!("", "Dropout", || {
+    register_spec!(super::DROPOUT, || {
         (float_dtype(), shape(0..=3), any::<(bool, bool)>(), opset(13..=22), seed())
             .prop_map(|(t, s, (mask, ratio), v, seed)| {
                 let case = Case::op("Dropout", v).input("x", t, &s);

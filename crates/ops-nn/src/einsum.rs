@@ -111,7 +111,7 @@ mod spec {
         ("ij,ij->", &[&[2, 3], &[2, 3]], &[]),
     ];
 
-    register_spec!("", "Einsum", || {
+    register_spec!(super::EINSUM, || {
         (float_dtype(), select(EQUATIONS), opset(12..=22), seed())
             .prop_map(|(t, (eq, ins, out), v, seed)| {
                 let mut case = Case::op("Einsum", v);
@@ -123,7 +123,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("com.microsoft", "FusedMatMul", || {
+    register_spec!(super::FUSED_MATMUL, || {
         (float_dtype(), shape(0..=2), (1..=4i64, 1..=5i64, 1..=4i64), any::<(bool, bool)>(), seed())
             .prop_map(|(t, batch, (m, k, n), (ta, tb), seed)| {
                 let batch: Vec<i64> = batch.iter().map(|&d| d.max(1)).collect();

@@ -20,4 +20,6 @@ mod softmax;
 mod window;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
-pub fn link() {}
+pub fn link() -> ep_core::registry::Family {
+    ep_core::registry::Family { name: "nn" }
+}

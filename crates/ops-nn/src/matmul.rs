@@ -189,6 +189,6 @@ mod spec {
             .boxed()
     }
 
-    register_spec!("", "MatMul", matmul);
-    register_spec!("", "Gemm", gemm);
+    register_spec!(super::MATMUL, matmul);
+    register_spec!(super::GEMM, gemm);
 }

@@ -455,9 +455,9 @@ mod spec {
             .boxed()
     }
 
-    register_spec!("", "LayerNormalization", || layer_norm(""));
+    register_spec!(super::LAYER_NORM, || layer_norm(""));
 
-    register_spec!("", "SimplifiedLayerNormalization", || {
+    register_spec!(super::SIMPLIFIED_LAYER_NORM, || {
         (float_dtype(), nonempty_shape(1..=3), seed())
             .prop_map(|(t, s, seed)| {
                 let last = *s.last().expect("rank >= 1");
@@ -471,7 +471,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("com.microsoft", "SkipSimplifiedLayerNormalization", || {
+    register_spec!(super::SKIP_SIMPLIFIED_LAYER_NORM, || {
         (float_dtype(), 1..=2i64, 1..=4i64, 2..=8i64, any::<bool>(), seed())
             .prop_map(|(t, b, sq, h, bias, seed)| {
                 let case = Case::domain_op("com.microsoft", "SkipSimplifiedLayerNormalization", 1)
@@ -484,7 +484,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "RMSNormalization", || {
+    register_spec!(super::RMS_NORM, || {
         (float_dtype(), nonempty_shape(1..=4), any::<prop::sample::Index>(), opset(23..=23), seed())
             .prop_map(|(t, s, pick, v, seed)| {
                 let axis = pick.index(s.len());
@@ -498,7 +498,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("com.microsoft", "SkipLayerNormalization", || {
+    register_spec!(super::SKIP_LAYER_NORM, || {
         (float_dtype(), 1..=2i64, 1..=4i64, 2..=8i64, any::<(bool, bool)>(), seed())
             .prop_map(|(t, b, sq, h, (beta, bias), seed)| {
                 let case = Case::domain_op("com.microsoft", "SkipLayerNormalization", 1)
@@ -518,7 +518,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "BatchNormalization", || {
+    register_spec!(super::BATCH_NORM, || {
         (float_dtype(), nonempty_shape(2..=4), opset(9..=22), seed())
             .prop_map(|(t, s, v, seed)| {
                 let c = s[1];
@@ -534,7 +534,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "InstanceNormalization", || {
+    register_spec!(super::INSTANCE_NORM, || {
         (float_dtype(), nonempty_shape(3..=4), opset(7..=22), seed())
             .prop_map(|(t, s, v, seed)| {
                 let c = s[1];
@@ -549,7 +549,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "GroupNormalization", || {
+    register_spec!(super::GROUP_NORM, || {
         (select(&[DType::F32][..]), 1..=2i64, 1..=3i64, 1..=3i64, nonempty_shape(1..=2), opset(21..=22), seed())
             .prop_map(|(t, n, g, per, spatial, v, seed)| {
                 let c = g * per;
@@ -566,7 +566,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "MeanVarianceNormalization", || {
+    register_spec!(super::MVN, || {
         (select(&[DType::F32][..]), collection::vec(2..=4i64, 4), any::<bool>(), opset(13..=22), seed())
             .prop_map(|(t, s, default_axes, v, seed)| {
                 let case = Case::op("MeanVarianceNormalization", v).input("x", t, &s);
@@ -576,7 +576,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "LpNormalization", || {
+    register_spec!(super::LP_NORM, || {
         (
             select(&[DType::F32][..]),
             nonempty_shape(1..=3),

@@ -215,9 +215,9 @@ mod spec {
             .boxed()
     }
 
-    register_spec!("", "MaxPool", || pool("MaxPool"));
-    register_spec!("", "AveragePool", || pool("AveragePool"));
-    register_spec!("", "LpPool", || pool("LpPool"));
+    register_spec!(super::MAX_POOL, || pool("MaxPool"));
+    register_spec!(super::AVERAGE_POOL, || pool("AveragePool"));
+    register_spec!(super::LP_POOL, || pool("LpPool"));
 
     fn global(op: &'static str) -> BoxedStrategy<Case> {
         // ORT's CPU EP has no GlobalLpPool of opset 22.
@@ -229,7 +229,7 @@ mod spec {
             .boxed()
     }
 
-    register_spec!("", "GlobalMaxPool", || global("GlobalMaxPool"));
-    register_spec!("", "GlobalAveragePool", || global("GlobalAveragePool"));
-    register_spec!("", "GlobalLpPool", || global("GlobalLpPool"));
+    register_spec!(super::GLOBAL_MAX_POOL, || global("GlobalMaxPool"));
+    register_spec!(super::GLOBAL_AVERAGE_POOL, || global("GlobalAveragePool"));
+    register_spec!(super::GLOBAL_LP_POOL, || global("GlobalLpPool"));
 }

@@ -208,14 +208,14 @@ mod spec {
     const FLOAT: &[DType] = &[DType::F32, DType::F32, DType::F16];
     const NUM: &[DType] = &[DType::F32, DType::F32, DType::F16, DType::I32, DType::I64];
 
-    register_spec!("", "ReduceSum", || reduction("ReduceSum", 13, NUM, false));
-    register_spec!("", "ReduceMean", || reduction("ReduceMean", 18, FLOAT, false));
-    register_spec!("", "ReduceMax", || reduction("ReduceMax", 18, NUM, false));
-    register_spec!("", "ReduceMin", || reduction("ReduceMin", 18, NUM, false));
-    register_spec!("", "ReduceProd", || reduction("ReduceProd", 18, FLOAT, false));
-    register_spec!("", "ReduceL1", || reduction("ReduceL1", 18, FLOAT, false));
-    register_spec!("", "ReduceL2", || reduction("ReduceL2", 18, FLOAT, false));
-    register_spec!("", "ReduceLogSum", || reduction("ReduceLogSum", 18, FLOAT, true));
-    register_spec!("", "ReduceLogSumExp", || reduction("ReduceLogSumExp", 18, FLOAT, false));
-    register_spec!("", "ReduceSumSquare", || reduction("ReduceSumSquare", 18, FLOAT, false));
+    register_spec!(super::REDUCE_SUM, || reduction("ReduceSum", 13, NUM, false));
+    register_spec!(super::REDUCE_MEAN, || reduction("ReduceMean", 18, FLOAT, false));
+    register_spec!(super::REDUCE_MAX, || reduction("ReduceMax", 18, NUM, false));
+    register_spec!(super::REDUCE_MIN, || reduction("ReduceMin", 18, NUM, false));
+    register_spec!(super::REDUCE_PROD, || reduction("ReduceProd", 18, FLOAT, false));
+    register_spec!(super::REDUCE_L1, || reduction("ReduceL1", 18, FLOAT, false));
+    register_spec!(super::REDUCE_L2, || reduction("ReduceL2", 18, FLOAT, false));
+    register_spec!(super::REDUCE_LOG_SUM, || reduction("ReduceLogSum", 18, FLOAT, true));
+    register_spec!(super::REDUCE_LOG_SUM_EXP, || reduction("ReduceLogSumExp", 18, FLOAT, false));
+    register_spec!(super::REDUCE_SUM_SQUARE, || reduction("ReduceSumSquare", 18, FLOAT, false));
 }

@@ -148,7 +148,7 @@ mod spec {
             .boxed()
     }
 
-    register_spec!("", "Softmax", || softmax("Softmax"));
-    register_spec!("", "LogSoftmax", || softmax("LogSoftmax"));
-    register_spec!("", "Hardmax", || softmax("Hardmax"));
+    register_spec!(super::SOFTMAX, || softmax("Softmax"));
+    register_spec!(super::LOG_SOFTMAX, || softmax("LogSoftmax"));
+    register_spec!(super::HARDMAX, || softmax("Hardmax"));
 }

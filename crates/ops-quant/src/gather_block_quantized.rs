@@ -128,7 +128,7 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
-    register_spec!("com.microsoft", "GatherBlockQuantized", || {
+    register_spec!(super::GATHER_BLOCK_QUANTIZED, || {
         let layout = (prop_oneof![Just(4i64), Just(8)], prop_oneof![Just(16i64), Just(32), Just(64)]);
         (dtype_of(&[DType::F32, DType::F16]), (1..=6i64, 1..=3i64), layout, shape(0..=2), any::<bool>(), seed())
             .prop_map(|(t, (rows, blocks), (bits, block), idx_shape, zp, seed)| {

@@ -14,4 +14,6 @@ mod matmul_nbits;
 mod qdq;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
-pub fn link() {}
+pub fn link() -> ep_core::registry::Family {
+    ep_core::registry::Family { name: "quant" }
+}

@@ -222,7 +222,7 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
-    register_spec!("com.microsoft", "MatMulNBits", || {
+    register_spec!(super::MATMUL_NBITS, || {
         let shapes = (shape(0..=2), 1..=96i64, 1..=8i64);
         let layout = (prop_oneof![Just(4i64), Just(8i64)], prop_oneof![Just(16i64), Just(32), Just(64), Just(128)]);
         (dtype_of(&[DType::F32, DType::F16]), shapes, layout, 0..3u8, any::<bool>(), seed())

@@ -405,7 +405,7 @@ mod spec {
             .boxed()
     }
 
-    register_spec!("", "DequantizeLinear", || {
+    register_spec!(super::DEQUANTIZE_LINEAR, || {
         (qtype(), layout(), any::<bool>(), seed())
             .prop_map(|(t, (shape, axis, block, p), zp, seed)| {
                 let opset = if block > 0 { 21 } else { 19 };
@@ -423,7 +423,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "QuantizeLinear", || {
+    register_spec!(super::QUANTIZE_LINEAR, || {
         (qtype(), dtype_of(&[DType::F32, DType::F16]), layout(), seed())
             .prop_map(|(t, xt, (shape, axis, block, p), seed)| {
                 let opset = if block > 0 { 21 } else { 19 };
@@ -439,7 +439,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "DynamicQuantizeLinear", || {
+    register_spec!(super::DYNAMIC_QUANTIZE_LINEAR, || {
         (nonempty_shape(1..=3), 0..3u8, seed())
             .prop_map(|(shape, kind, seed)| {
                 // Positive, mixed, or all zero (scale 0 before ORT's fallback to 1).
@@ -458,7 +458,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "MatMulInteger", || {
+    register_spec!(super::MATMUL_INTEGER, || {
         (qtype(), qtype(), (1..=2i64, 1..=4i64, prop_oneof![1..=40i64, 250..=600i64], 1..=4i64), 0..3u8, seed())
             .prop_map(|(ta, tb, (batch, m, k, n), zp, seed)| {
                 let a_shape = if batch > 1 { vec![batch, m, k] } else { vec![m, k] };
@@ -479,7 +479,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "QLinearMatMul", || {
+    register_spec!(super::QLINEAR_MATMUL, || {
         (qtype(), (1..=3i64, prop_oneof![1..=40i64, 250..=400i64], 1..=4i64), seed())
             .prop_map(|(t, (m, k, n), seed)| {
                 let scale = |hi: f64| Values::Uniform { lo: hi / 4.0, hi };

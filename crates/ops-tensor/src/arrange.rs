@@ -277,7 +277,7 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
-    register_spec!("", "Trilu", || {
+    register_spec!(super::TRILU, || {
         (
             select(&[DType::F32, DType::F64, DType::I64][..]),
             shape(0..=1),
@@ -297,7 +297,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "CumProd", || {
+    register_spec!(super::CUMPROD, || {
         (
             select(&[DType::F32, DType::I64][..]),
             nonempty_shape(1..=3),
@@ -318,7 +318,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "CumSum", || {
+    register_spec!(super::CUMSUM, || {
         (
             select(&[DType::F32, DType::F64, DType::I32, DType::I64][..]),
             nonempty_shape(1..=3),
@@ -368,10 +368,10 @@ mod spec {
             .boxed()
     }
 
-    register_spec!("", "ArgMax", || arg("ArgMax"));
-    register_spec!("", "ArgMin", || arg("ArgMin"));
+    register_spec!(super::ARGMAX, || arg("ArgMax"));
+    register_spec!(super::ARGMIN, || arg("ArgMin"));
 
-    register_spec!("", "TopK", || {
+    register_spec!(super::TOPK, || {
         (
             select(&[DType::F32, DType::I64][..]),
             nonempty_shape(1..=3),
@@ -406,7 +406,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "DepthToSpace", || {
+    register_spec!(super::DEPTH_TO_SPACE, || {
         (
             select(&[DType::F32, DType::F64][..]),
             1..=2i64,
@@ -429,7 +429,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "SpaceToDepth", || {
+    register_spec!(super::SPACE_TO_DEPTH, || {
         (select(&[DType::F32, DType::F64][..]), 1..=2i64, 1..=3i64, 1..=2i64, 1..=3i64, 1..=3i64, opset(7..=22), seed())
             .prop_map(|(t, n, c, b, h, w, v, seed)| {
                 Case::op("SpaceToDepth", v)

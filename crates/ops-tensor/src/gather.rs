@@ -41,7 +41,7 @@ ep_core::register_lowering!(
         claim: claim_gather,
         lower: lower_gather,
         safety: CompileSafety::ShapeKeyed,
-        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::ShapeKeyed, q)),
+        growth: Some(|q| ep_core::growth::carries_sizes(false, q)),
     }
 );
 
@@ -145,7 +145,7 @@ mod spec {
         select(&[DType::I64, DType::I32][..]).boxed()
     }
 
-    register_spec!("", "Gather", || {
+    register_spec!(super::GATHER, || {
         (
             any_dtype(),
             nonempty_shape(1..=3),
@@ -173,7 +173,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "GatherElements", || {
+    register_spec!(super::GATHER_ELEMENTS, || {
         (
             any_dtype(),
             nonempty_shape(1..=3),
@@ -201,7 +201,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "GatherND", || {
+    register_spec!(super::GATHER_ND, || {
         (any_dtype(), nonempty_shape(1..=4), 0..=1usize, 1..=3usize, shape(0..=1), opset(12..=22), seed())
             .prop_map(|(t, s, b, k, mid, v, seed)| {
                 let b = b.min(s.len() - 1);

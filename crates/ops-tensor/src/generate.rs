@@ -173,7 +173,7 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
-    register_spec!("", "ConstantOfShape", || {
+    register_spec!(super::CONSTANT_OF_SHAPE, || {
         (shape(0..=4), opset(9..=22))
             .prop_map(|(s, v)| {
                 let n = s.len() as i64;
@@ -184,7 +184,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Range", || {
+    register_spec!(super::RANGE, || {
         (
             select(&[DType::F32, DType::I64, DType::I32][..]),
             -8..8i64,
@@ -210,7 +210,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "EyeLike", || {
+    register_spec!(super::EYE_LIKE, || {
         (
             select(&[DType::F32, DType::F64, DType::I32, DType::I64][..]),
             1..=5i64,
@@ -229,7 +229,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "OneHot", || {
+    register_spec!(super::ONE_HOT, || {
         (
             shape(1..=2),
             1..=5i64,

@@ -91,7 +91,7 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, register_spec};
 
-    register_spec!("", "Concat", || {
+    register_spec!(super::CONCAT, || {
         (
             any_dtype(),
             nonempty_shape(1..=4),
@@ -117,7 +117,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Split", || {
+    register_spec!(super::SPLIT, || {
         (
             any_dtype(),
             nonempty_shape(1..=3),

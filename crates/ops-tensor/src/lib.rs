@@ -19,6 +19,7 @@ mod generate;
 mod join;
 mod pad;
 mod resize;
+mod reverse_sequence;
 mod scatter;
 mod select;
 mod shape;
@@ -27,4 +28,6 @@ mod slice;
 mod spec_util;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
-pub fn link() {}
+pub fn link() -> ep_core::registry::Family {
+    ep_core::registry::Family { name: "tensor" }
+}

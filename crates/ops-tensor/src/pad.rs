@@ -134,7 +134,7 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
-    register_spec!("", "Pad", || {
+    register_spec!(super::PAD, || {
         let modes = select(&["constant", "edge", "reflect", "wrap"][..]);
         (
             select(&[DType::F32, DType::F64, DType::I32, DType::I64, DType::U8][..]),

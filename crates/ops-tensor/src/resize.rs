@@ -364,7 +364,7 @@ mod spec {
     const CTMS: &[&str] = &["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric"];
     const NEAREST: &[&str] = &["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"];
 
-    register_spec!("", "Resize", || {
+    register_spec!(super::RESIZE, || {
         let attrs = (select(MODES), select(CTMS), select(NEAREST), any::<(bool, bool)>());
         // 4-D inputs resized on their last two axes: the forms ORT's CPU EP takes for every mode.
         (float_dtype(), nonempty_shape(2..=2), collection::vec(1..=6i64, 2), attrs, opset(13..=19), seed())
@@ -400,7 +400,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Upsample", || {
+    register_spec!(super::UPSAMPLE, || {
         (float_dtype(), 1..=3i64, 1..=3i64, any::<bool>(), seed())
             .prop_map(|(t, a, b, linear, seed)| {
                 let x = [1, 2, 3, 2];

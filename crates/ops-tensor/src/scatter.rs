@@ -167,7 +167,7 @@ mod spec {
         }
     }
 
-    register_spec!("", "ScatterElements", || {
+    register_spec!(super::SCATTER_ELEMENTS, || {
         (
             select(&[DType::F32, DType::I64][..]),
             nonempty_shape(1..=3),
@@ -206,7 +206,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "ScatterND", || {
+    register_spec!(super::SCATTER_ND, || {
         (select(&[DType::F32, DType::I64][..]), nonempty_shape(1..=3), 1..=3usize, 0..5usize, opset(13..=22), seed())
             .prop_map(|(t, s, k, red, v, seed)| {
                 let k = k.min(s.len());

@@ -158,7 +158,7 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
-    register_spec!("", "NonZero", || {
+    register_spec!(super::NON_ZERO, || {
         (select(&[DType::F32, DType::I64, DType::Bool][..]), shape(1..=3), opset(13..=22), seed())
             .prop_map(|(t, s, v, seed)| {
                 // Output length depends on the values: the case computes it from the same data.
@@ -176,7 +176,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Unique", || {
+    register_spec!(super::UNIQUE, || {
         (
             select(&[DType::F32, DType::I64][..]),
             nonempty_shape(1..=3),
@@ -229,7 +229,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Compress", || {
+    register_spec!(super::COMPRESS, || {
         (
             select(&[DType::F32, DType::I64][..]),
             nonempty_shape(1..=3),

@@ -69,7 +69,7 @@ ep_core::register_lowering!(
         claim: claim_reshape,
         lower: lower_reshape,
         safety: CompileSafety::ShapeKeyed,
-        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::ShapeKeyed, q)),
+        growth: Some(|q| ep_core::growth::carries_sizes(false, q)),
     }
 );
 
@@ -142,7 +142,7 @@ ep_core::register_lowering!(
         claim: claim_squeeze,
         lower: lower_squeeze,
         safety: CompileSafety::ShapeKeyed,
-        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::ShapeKeyed, q)),
+        growth: Some(|q| ep_core::growth::carries_sizes(false, q)),
     }
 );
 
@@ -174,7 +174,7 @@ ep_core::register_lowering!(
         claim: claim_unsqueeze,
         lower: lower_unsqueeze,
         safety: CompileSafety::ShapeKeyed,
-        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::ShapeKeyed, q)),
+        growth: Some(|q| ep_core::growth::carries_sizes(false, q)),
     }
 );
 
@@ -195,7 +195,7 @@ ep_core::register_lowering!(
         claim: claim_identity,
         lower: lower_identity,
         safety: CompileSafety::Shapeless,
-        growth: Some(|q| ep_core::growth::carries_sizes(CompileSafety::Shapeless, q)),
+        growth: Some(|q| ep_core::growth::carries_sizes(true, q)),
     }
 );
 
@@ -351,7 +351,7 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, register_spec};
 
-    register_spec!("", "Reshape", || {
+    register_spec!(super::RESHAPE, || {
         (any_dtype(), nonempty_shape(0..=4), any::<prop::sample::Index>(), 0..3u8, opset(5..=22), seed())
             .prop_map(|(t, s, pick, form, v, seed)| {
                 let n: i64 = s.iter().product();
@@ -379,7 +379,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Flatten", || {
+    register_spec!(super::FLATTEN, || {
         (any_dtype(), shape(0..=4), any::<prop::sample::Index>(), any::<bool>(), opset(11..=22), seed())
             .prop_map(|(t, s, pick, neg, v, seed)| {
                 let r = s.len();
@@ -396,7 +396,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Squeeze", || {
+    register_spec!(super::SQUEEZE, || {
         (any_dtype(), shape(1..=4), collection::vec(any::<bool>(), 4), any::<bool>(), opset(7..=22), seed())
             .prop_map(|(t, mut s, ones, all, v, seed)| {
                 for (d, &o) in s.iter_mut().zip(&ones) {
@@ -417,7 +417,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Unsqueeze", || {
+    register_spec!(super::UNSQUEEZE, || {
         (any_dtype(), shape(0..=3), 1..=2usize, any::<prop::sample::Index>(), any::<bool>(), opset(7..=22), seed())
             .prop_map(|(t, s, k, pick, neg, v, seed)| {
                 let out_rank = s.len() + k;
@@ -435,13 +435,13 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Identity", || {
+    register_spec!(super::IDENTITY, || {
         (any_dtype(), shape(0..=4), opset(7..=22), seed())
             .prop_map(|(t, s, v, seed)| Case::unary("Identity", v, t, &s).with_seed(seed))
             .boxed()
     });
 
-    register_spec!("", "Shape", || {
+    register_spec!(super::SHAPE, || {
         (any_dtype(), shape(1..=4), opset(7..=22), any::<(i8, i8)>(), any::<bool>(), seed())
             .prop_map(|(t, s, v, (a, b), sliced, seed)| {
                 let r = s.len() as i64;
@@ -459,7 +459,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Size", || {
+    register_spec!(super::SIZE, || {
         (any_dtype(), shape(0..=4), opset(7..=22), seed())
             .prop_map(|(t, s, v, seed)| {
                 Case::op("Size", v).input("x", t, &s).symbolic(true).output("y", DType::I64, &[]).with_seed(seed)
@@ -467,7 +467,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Transpose", || {
+    register_spec!(super::TRANSPOSE, || {
         (any_dtype(), shape(0..=4), any::<u64>(), any::<bool>(), opset(7..=22), seed())
             .prop_map(|(t, s, perm_seed, default, v, seed)| {
                 let r = s.len();
@@ -488,7 +488,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Expand", || {
+    register_spec!(super::EXPAND, || {
         (any_dtype(), broadcast_pair(0..=4), opset(8..=22), seed())
             .prop_map(|(t, (a, b, y), v, seed)| {
                 Case::op("Expand", v).input("x", t, &a).constant_i64("shape", &b).output("y", t, &y).with_seed(seed)
@@ -496,7 +496,7 @@ mod spec {
             .boxed()
     });
 
-    register_spec!("", "Tile", || {
+    register_spec!(super::TILE, || {
         (any_dtype(), shape(1..=3), collection::vec(0..=3i64, 3), opset(7..=22), seed())
             .prop_map(|(t, s, reps, v, seed)| {
                 let reps = &reps[..s.len()];

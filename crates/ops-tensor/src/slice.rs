@@ -102,7 +102,7 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, register_spec};
 
-    register_spec!("", "Slice", || {
+    register_spec!(super::SLICE, || {
         let bound = prop_oneof![4 => -6..=6i64, 1 => Just(i64::MAX), 1 => Just(i64::MIN)];
         let axis_slice = (bound.clone(), bound, prop_oneof![4 => Just(1i64), 2 => -3..=-1i64, 2 => 2..=3i64]);
         (

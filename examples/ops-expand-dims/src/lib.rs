@@ -48,4 +48,6 @@ impl Lowering for ExpandDims {
 ep_core::register_lowering!(EXPAND_DIMS = ExpandDims);
 
 /// Referenced by the plugin library so the linker keeps this crate's registration.
-pub fn link() {}
+pub fn link() -> ep_core::registry::Family {
+    ep_core::registry::Family { name: "example-expand-dims" }
+}

@@ -67,15 +67,15 @@ fn mix(seed: u64, i: u64) -> u64 {
 /// Draws and mutates the run's cases (deterministic in the options' seed, op and mutation).
 pub fn draw(opts: &Options) -> Vec<FuzzCase> {
     let specs: Vec<&'static OpSpec> =
-        suite::specs_and_chains().into_iter().filter(|s| opts.op.as_deref().is_none_or(|op| op == s.op)).collect();
+        suite::specs_and_chains().into_iter().filter(|s| opts.op.as_deref().is_none_or(|op| op == s.op())).collect();
     let mut sources: Vec<_> = specs
         .iter()
         .map(|s| {
             let runner = TestRunner::new_with_rng(
                 Config { failure_persistence: None, ..Config::default() },
-                TestRng::from_seed(RngAlgorithm::ChaCha, &suite::seed_bytes(opts.seed, s.domain, s.op)),
+                TestRng::from_seed(RngAlgorithm::ChaCha, &suite::seed_bytes(opts.seed, s.domain(), s.op())),
             );
-            (suite::display_name(s.domain, s.op), (s.cases)(), runner)
+            (suite::display_name(s.domain(), s.op()), (s.cases)(), runner)
         })
         .collect();
     let mut out = Vec::new();

@@ -3,8 +3,8 @@
 /// Defines `CreateEpFactories` and `ReleaseEpFactory` in the calling `cdylib` crate.
 ///
 /// Each argument is an expression evaluated on every `CreateEpFactories` call before the
-/// factory is created, typically the `link()` functions of the op crates the library bundles:
-/// referencing them keeps their registrations from being dropped by the linker.
+/// factory is created: an [`crate::registry::Family`] (an op crate's `link()`) or a `Vec` of
+/// them. Recording them keeps the crates' registrations from being dropped by the linker.
 ///
 /// ```ignore
 /// ep_core::export_plugin!(ops_elementwise::link(), my_ops::link());
@@ -27,7 +27,7 @@ macro_rules! export_plugin {
             max_factories: usize,
             num_factories: *mut usize,
         ) -> $crate::ort_sys::OrtStatusPtr {
-            $( let _ = $link; )*
+            $( $crate::registry::keep_families($link); )*
             // SAFETY: forwarded unchanged from ONNX Runtime.
             unsafe {
                 $crate::ort_abi::factory::create_ep_factories(

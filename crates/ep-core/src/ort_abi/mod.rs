@@ -11,6 +11,8 @@
 
 pub(crate) mod boundary;
 pub(crate) mod compute;
+mod copy_in;
+mod copy_out;
 pub(crate) mod ep;
 mod export;
 pub mod factory;

@@ -1,0 +1,191 @@
+//! The compiled paths: a partition traced into an `mlx_compile`d closure (per input-shape
+//! key, or shapeless), kept in a bounded cache, and applied with everything it returns
+//! evaluated at once.
+
+use super::translate::{Flags, TraceMode, Translation, Verdict};
+use super::write_back::PendingRows;
+use super::{COMPILED_CACHE_CAPACITY, Mode, Plan, RunOutputs};
+use crate::mlx::{Array, Closure, Dtype, MlxError, Stream};
+use crate::stats::{Phase, SessionStats};
+use crate::{Error, Result};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// How a compiled run ended.
+pub(super) enum Applied {
+    Ran(RunOutputs),
+    GuardMiss,
+    Invalid(Error),
+}
+
+/// Runs `attempt` again while it fails because MLX found a compiled kernel's shared library
+/// half written: MLX 0.32.2 compiles CPU kernels into a cache shared by every process of the
+/// machine, writing the library in place, so a second process that needs the same kernel at
+/// the same moment can load a file still being written. The writer finishes within seconds;
+/// without the retry the partition would fall back to eager runs for good.
+pub(super) fn jit_retry<T>(mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+    const WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+    let mut tries = 0;
+    loop {
+        match attempt() {
+            Err(e) if e.0.contains("Could not load C++ shared library") && tries < 300 => {
+                tries += 1;
+                std::thread::sleep(WAIT);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// What a compiled closure is specialised to: each input's dtype and shape (its rank alone
+/// for shapeless closures).
+pub(super) type InputKey = Vec<(Dtype, Vec<i64>)>;
+
+/// Compiled closures by input key, at most [`COMPILED_CACHE_CAPACITY`], least recently used
+/// first (the one bounded cache of compiled closures, for the general and the decode slot).
+#[derive(Default)]
+pub(super) struct CompiledCache {
+    entries: VecDeque<(InputKey, Traced)>,
+}
+
+impl CompiledCache {
+    /// The closure for `key`, compiling it on a miss (evicting the least recently used entry
+    /// when full).
+    pub(super) fn get_or_compile(&mut self, key: InputKey, compile: impl FnOnce() -> Result<Traced>) -> Result<Traced> {
+        if let Some(i) = self.entries.iter().position(|(k, _)| *k == key) {
+            let entry = self.entries.remove(i).expect("index from position");
+            let traced = entry.1.clone();
+            self.entries.push_back(entry);
+            return Ok(traced);
+        }
+        let traced = compile()?;
+        if self.entries.len() >= COMPILED_CACHE_CAPACITY {
+            self.entries.pop_front();
+        }
+        self.entries.push_back((key, traced.clone()));
+        Ok(traced)
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// What a trace returns beyond the partition's outputs (rows to write at data positions, a
+/// guard), recorded when the closure is traced.
+#[derive(Default, Clone)]
+pub(super) struct TraceMeta {
+    pub(super) rows_at: Vec<(usize, usize, String)>,
+    pub(super) flags: Flags,
+}
+
+/// A compiled closure and what its trace recorded (`None` until MLX has traced it, on the
+/// first application: so whether an application traced is known from the record).
+#[derive(Clone)]
+pub(super) struct Traced {
+    pub(super) closure: Arc<Closure>,
+    pub(super) meta: Arc<Mutex<Option<Arc<TraceMeta>>>>,
+}
+
+impl Traced {
+    /// Traces `translation` into a closure compiled shapeless or per shape.
+    pub(super) fn compile(
+        translation: &Arc<Translation>,
+        stats: &Arc<SessionStats>,
+        mode: TraceMode,
+    ) -> Result<Traced> {
+        let meta: Arc<Mutex<Option<Arc<TraceMeta>>>> = Arc::default();
+        let (t, st, m) = (Arc::clone(translation), Arc::clone(stats), Arc::clone(&meta));
+        let traced = Closure::new(move |args: &[Array]| {
+            st.traces.fetch_add(1, Ordering::Relaxed);
+            let stream = Stream::default_device()?;
+            let built = t.build(args.to_vec(), &stream, mode).map_err(|e| MlxError(e.0))?;
+            *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(TraceMeta {
+                rows_at: built.rows_at.iter().map(|p| (p.input, p.axis, p.output.clone())).collect(),
+                flags: built.meta,
+            }));
+            let mut outputs = built.outputs;
+            for p in built.rows_at {
+                outputs.push(p.rows);
+                outputs.push(p.starts);
+            }
+            outputs.extend(built.flags);
+            Ok(outputs)
+        });
+        let compiled = {
+            let _timer = stats.phase(Phase::Compile, &translation.name);
+            traced.compile(mode == TraceMode::Shapeless)?
+        };
+        stats.compiles.fetch_add(1, Ordering::Relaxed);
+        Ok(Traced { closure: Arc::new(compiled), meta })
+    }
+}
+
+impl Plan {
+    pub(super) fn run_compiled(&self, inputs: &[Array], mode: &Mode) -> Result<Applied> {
+        let shapeless = *mode == Mode::Shapeless;
+        // A shapeless trace bakes in which dims broadcast (size 1): its key keeps, per dim,
+        // whether it is 1, so `[n, 1] * [1, m]` and `[n, m] * [n, m]` get their own traces while
+        // a growing sequence length (2, 3, 4, ...) replays one.
+        let key: Vec<(Dtype, Vec<i64>)> = inputs
+            .iter()
+            .map(|a| {
+                let shape = a.shape();
+                (
+                    a.dtype(),
+                    if shapeless { shape.iter().map(|&d| if d == 1 { 1 } else { -1 }).collect() } else { shape },
+                )
+            })
+            .collect();
+        let mode = if shapeless { TraceMode::Shapeless } else { TraceMode::Keyed };
+        let traced = self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_compile(key, || Traced::compile(&self.translation, &self.stats, mode))?;
+        self.apply(&traced, inputs)
+    }
+
+    /// Applies a compiled closure and evaluates everything it returns in one evaluation: the
+    /// outputs, the rows to write at data positions, the flags (guard and data checks).
+    pub(super) fn apply(&self, traced: &Traced, inputs: &[Array]) -> Result<Applied> {
+        let fresh = traced.meta.lock().unwrap_or_else(|p| p.into_inner()).is_none();
+        let started = Instant::now();
+        let mut outputs = traced.closure.apply(inputs).map_err(Error::from)?;
+        if fresh {
+            self.stats.add_time(Phase::Translate, started.elapsed());
+        } else {
+            self.stats.replays.fetch_add(1, Ordering::Relaxed);
+        }
+        self.evaluate(&outputs)?;
+        let meta = traced.meta.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
+        let meta = meta.as_ref();
+        let n = self.translation.outputs.len();
+        if outputs.len() != n + 2 * meta.rows_at.len() + meta.flags.any() as usize {
+            return Err(Error::new(format!("a compiled closure returned {} arrays for {n} outputs", outputs.len())));
+        }
+        if meta.flags.any() {
+            let flags = outputs.pop().expect("counted above");
+            match meta.flags.read(&flags, &self.stream, true)? {
+                Verdict::Valid => {}
+                Verdict::GuardMiss => return Ok(Applied::GuardMiss),
+                Verdict::Invalid(e) => return Ok(Applied::Invalid(e)),
+            }
+        }
+        let mut extra = outputs.split_off(n).into_iter();
+        let mut write_backs = Vec::with_capacity(meta.rows_at.len());
+        for &(input, axis, ref output) in &meta.rows_at {
+            let (rows, starts) = (extra.next().expect("counted above"), extra.next().expect("counted above"));
+            let shape = inputs.get(input).map(Array::shape).unwrap_or_default();
+            write_backs.push(PendingRows { input, rows, starts, axis, output: output.clone() }.resolve(&shape)?);
+        }
+        Ok(Applied::Ran(RunOutputs { outputs, write_backs }))
+    }
+}

@@ -1,0 +1,148 @@
+//! The plan's in-place outputs (rows written back, at positions known while building or as
+//! data) and its decode slot (a growing input replayed by one shapeless trace).
+
+use super::*;
+
+#[test]
+fn row_byte_ranges_cover_exactly_the_changed_rows() {
+    // [2, 4, 3] f32, axis 1: slice b starts at b * 4 * 12 bytes, a row is 12 bytes.
+    let r = row_byte_ranges(&[2, 4, 3], 4, 1, &[(0, 1..2), (1, 2..4)]).unwrap();
+    assert_eq!(r, vec![12..24, 72..96]);
+    // Rank 4, axis 2: the outer index runs over (batch, head).
+    let r = row_byte_ranges(&[2, 2, 5, 2], 2, 2, &[(3, 4..5)]).unwrap();
+    assert_eq!(r, vec![(3 * 5 + 4) * 4..(3 * 5 + 5) * 4]);
+    assert!(row_byte_ranges(&[2, 4, 3], 4, 1, &[(2, 0..1)]).is_err());
+    assert!(row_byte_ranges(&[2, 4, 3], 4, 1, &[(0, 3..5)]).is_err());
+    assert!(row_byte_ranges(&[2, 4, 3], 4, 3, &[]).is_err());
+}
+
+fn set_row_plan(compile: bool) -> (Plan, Arc<SessionStats>) {
+    let registry = Registry::build(&[&SET_ROW]).unwrap();
+    let stats = Arc::new(SessionStats::default());
+    let mut n = node("SetRow", ["cache", "row"], "present");
+    n.inputs.push(value("pos"));
+    let plan = make_plan(&registry, vec![n], &["cache", "row", "pos"], &["present"], vec![], &stats, compile).unwrap();
+    (plan, stats)
+}
+
+#[test]
+fn in_place_updates_carry_only_the_changed_rows() {
+    let _g = mlx::lock();
+    let (plan, stats) = set_row_plan(true);
+    let cache = Array::from_slice(&[0.0f32; 2 * 4 * 3], &[2, 4, 3]).unwrap();
+    let row = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 1, 3]).unwrap();
+    let pos = Array::from_slice(&[1i64, 3], &[2]).unwrap();
+    let run = plan.run(vec![cache, row, pos]).unwrap();
+    // The host read inside the compiled trace sent the partition to the eager path.
+    assert!(matches!(plan.mode(), Mode::Eager(ref r) if r.contains("read on the host")), "{:?}", plan.mode());
+    assert!(stats.summary().contains("compiled run failed"));
+    assert_eq!(run.write_backs.len(), 1);
+    let wb = &run.write_backs[0];
+    assert_eq!((wb.input, wb.output.as_str()), (0, "present"));
+    assert_eq!(wb.chunks, vec![(12..24, 12), (48 + 36..48 + 48, 48 + 36)]);
+    let bytes = wb.array.host_bytes().unwrap();
+    let floats: Vec<f32> = bytes.chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(&floats[3..6], &[1.0, 2.0, 3.0]);
+    assert_eq!(&floats[12 + 9..24], &[4.0, 5.0, 6.0]);
+    assert_eq!(run.outputs[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap(), floats);
+}
+
+#[test]
+fn rows_at_data_positions_are_written_back_from_compiled_runs() {
+    let _g = mlx::lock();
+    let registry = Registry::build(&[&SET_ROW_AT]).unwrap();
+    let stats = Arc::new(SessionStats::default());
+    let mut n = node("SetRowAt", ["cache", "row"], "present");
+    n.inputs.push(value("pos"));
+    let plan = make_plan(&registry, vec![n], &["cache", "row", "pos"], &["present"], vec![], &stats, true).unwrap();
+    let cache = Array::from_slice(&[0.0f32; 2 * 4 * 3], &[2, 4, 3]).unwrap();
+    let row = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 1, 3]).unwrap();
+    for (run_no, positions) in [[1i64, 3], [0, 2]].iter().enumerate() {
+        let pos = Array::from_slice(positions, &[2]).unwrap();
+        let run = plan.run(vec![cache.clone(), row.clone(), pos]).unwrap();
+        assert_eq!(plan.mode(), Mode::ShapeKeyed, "stays compiled");
+        assert_eq!(count(&stats.traces), 1, "run {run_no}: one trace serves both");
+        assert_eq!(run.write_backs.len(), 1);
+        let wb = &run.write_backs[0];
+        assert_eq!((wb.input, wb.output.as_str()), (0, "present"));
+        // Rows of 12 bytes; batch 1 starts 48 bytes in; the source holds just the 2 new rows.
+        let (p0, p1) = (positions[0] as usize, positions[1] as usize);
+        assert_eq!(wb.chunks, vec![(0..12, p0 * 12), (12..24, 48 + p1 * 12)]);
+        let src: Vec<f32> = wb.array.to_vec(&Stream::cpu().unwrap()).unwrap();
+        assert_eq!(src, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let full = run.outputs[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap();
+        assert_eq!(&full[p0 * 3..p0 * 3 + 3], &[1.0, 2.0, 3.0]);
+        assert_eq!(&full[12 + p1 * 3..12 + p1 * 3 + 3], &[4.0, 5.0, 6.0]);
+    }
+}
+
+/// `x [1, T]` -> `op` -> `y`, with `T` growing by one per run.
+fn growing_runs(lowering: &'static dyn Lowering, axes: bool) -> (Vec<Vec<f32>>, Arc<SessionStats>, Plan) {
+    let registry = Registry::build(&[lowering, &MUL]).unwrap();
+    let stats = Arc::new(SessionStats::default());
+    let mut first = node("Mul", ["x", "x"], "sq");
+    first.name = "square".into();
+    let mut n = node(lowering.op_type(), ["sq", "sq"], "y");
+    n.inputs.truncate(1);
+    if axes {
+        n.attributes.insert("axes".into(), crate::graph::AttrValue::Ints(vec![1]));
+    }
+    let plan = make_plan(&registry, vec![first, n], &["x"], &["y"], vec![], &stats, true).unwrap();
+    let mut outs = Vec::new();
+    for t in 2..7 {
+        let x: Vec<f32> = (0..t).map(|i| i as f32).collect();
+        let run = plan.run(vec![Array::from_slice(&x, &[1, t]).unwrap()]).unwrap();
+        outs.push(run.outputs[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap());
+    }
+    (outs, stats, plan)
+}
+
+#[test]
+fn a_growing_input_replays_one_decode_trace_when_every_consumer_handles_it() {
+    let _g = mlx::lock();
+    let (outs, stats, _plan) = growing_runs(&REDUCE_SUM, true);
+    let expected: Vec<Vec<f32>> = (2..7).map(|t| vec![(0..t).map(|i| (i * i) as f32).sum()]).collect();
+    assert_eq!(outs, expected);
+    // Run 1 traces the shape-keyed slot, run 2 (growth seen) the decode slot; 3..5 replay.
+    assert_eq!(count(&stats.traces), 2);
+    assert_eq!(count(&stats.decode_runs), 4);
+    assert!(!stats.summary().contains("no decode slot"), "{}", stats.summary());
+}
+
+#[test]
+fn a_consumer_that_bakes_a_growing_length_refuses_the_decode_slot() {
+    let _g = mlx::lock();
+    let (outs, stats, _plan) = growing_runs(&ADD_POSITIONS, false);
+    for (k, t) in (2..7).enumerate() {
+        let expected: Vec<f32> = (0..t).map(|i| (i * i + i) as f32).collect();
+        assert_eq!(outs[k], expected, "length {t}");
+    }
+    assert_eq!(count(&stats.decode_runs), 0);
+    let summary = stats.summary();
+    assert!(summary.contains("no decode slot") && summary.contains("AddPositions"), "{summary}");
+}
+
+#[test]
+fn updates_of_constants_are_plain_outputs() {
+    let _g = mlx::lock();
+    let registry = Registry::build(&[&SET_ROW]).unwrap();
+    let mut n = node("SetRow", ["cache", "row"], "present");
+    n.inputs.push(value("pos"));
+    let cache = Array::from_slice(&[0.0f32; 6], &[1, 2, 3]).unwrap();
+    let plan = make_plan(
+        &registry,
+        vec![n],
+        &["row", "pos"],
+        &["present"],
+        vec![("cache", cache)],
+        &Arc::new(SessionStats::default()),
+        false,
+    )
+    .unwrap();
+    let row = Array::from_slice(&[1.0f32; 3], &[1, 1, 3]).unwrap();
+    let pos = Array::from_slice(&[1i64], &[1]).unwrap();
+    let run = plan.run(vec![row, pos]).unwrap();
+    assert!(run.write_backs.is_empty(), "no ORT buffer to share");
+    let got = run.outputs[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap();
+    assert_eq!(got, vec![0.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+}

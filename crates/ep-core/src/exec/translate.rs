@@ -1,0 +1,304 @@
+//! The translation: the part of a plan a compiled closure captures, and the one walk over its
+//! nodes that builds the MLX graph of the partition's outputs (eagerly or inside a trace),
+//! with the guards, data checks and in-place updates the lowerings declare.
+
+use super::constants::PlanCaches;
+use super::write_back::{PendingRows, WriteBack, row_byte_ranges};
+use super::{PlanNode, PlanOutput, Source};
+use crate::lowering::{ChangedRows, Check, LowerCtx, RowUpdate};
+use crate::mlx::{self, Array, Dtype, Stream};
+use crate::stats::SessionStats;
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Under which trace a translation builds its graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TraceMode {
+    /// Not traced: built for this run only.
+    Eager,
+    /// Traced for one input-shape key.
+    Keyed,
+    /// Traced once for every shape of the same ranks (and size-1 dims).
+    Shapeless,
+}
+
+/// The part of a plan a compiled closure captures: everything needed to build the graph.
+pub(super) struct Translation {
+    pub(super) name: String,
+    pub(super) inputs: Vec<String>,
+    pub(super) outputs: Vec<PlanOutput>,
+    pub(super) constants: Vec<(String, Arc<Array>)>,
+    /// Per constant: its value when it is one float32/float64 element that a compiled
+    /// kernel's source would not hold exactly.
+    pub(super) exact: Vec<Option<(f64, Dtype, Vec<i64>)>>,
+    pub(super) nodes: Vec<PlanNode>,
+    pub(super) num_values: usize,
+    pub(super) caches: PlanCaches,
+    pub(super) cpu: Stream,
+    pub(super) stats: Arc<SessionStats>,
+}
+
+impl Translation {
+    /// Builds the MLX graph of the partition's outputs from `inputs` (not evaluated): each
+    /// output cast to ORT's dtype, plus the in-place input updates the
+    /// lowerings asked for, built under `mode` (eagerly or inside a trace).
+    pub(super) fn build(&self, inputs: Vec<Array>, stream: &Stream, mode: TraceMode) -> Result<Built> {
+        let (tracing, shapeless) = (mode != TraceMode::Eager, mode == TraceMode::Shapeless);
+        let mut write_backs = Vec::new();
+        let mut rows_at = Vec::new();
+        let mut guards: Vec<Array> = Vec::new();
+        let mut checks: Vec<Check> = Vec::new();
+        let mut values: Vec<Option<Array>> = vec![None; self.num_values];
+        let resolve = |values: &[Option<Array>], src: Source| -> Option<Array> {
+            match src {
+                Source::Input(i) => inputs.get(i).cloned(),
+                // Inside a trace, a one-element float constant is rebuilt exactly (see
+                // `mlx::ops::exact_float`): MLX would write it into the kernel's source rounded.
+                Source::Constant(i) => match (&self.exact[i], tracing) {
+                    (Some((v, dtype, shape)), true) => mlx::ops::exact_float(*v, *dtype, shape, stream).ok(),
+                    _ => Some(Array::clone(&self.constants[i].1)),
+                },
+                Source::Value(i) => values[i].clone(),
+                Source::Absent => None,
+            }
+        };
+        for node in &self.nodes {
+            let info = &node.info;
+            let args: Vec<Option<Array>> = node.inputs.iter().map(|&src| resolve(&values, src)).collect();
+            let constant_ids = node.inputs.iter().map(|src| self.constant_identity(*src)).collect();
+            let tracer = self.stats.tracer();
+            let described = tracer.map(|_| describe(&args));
+            let started = Instant::now();
+            let scope: Option<HashMap<String, Array>> = (!node.implicit.is_empty()).then(|| {
+                node.implicit
+                    .iter()
+                    .filter_map(|(name, src)| resolve(&values, *src).map(|a| (name.clone(), a)))
+                    .collect()
+            });
+            let mut ctx = LowerCtx::for_node(
+                args,
+                constant_ids,
+                Some(&self.caches),
+                stream,
+                &self.cpu,
+                tracing,
+                shapeless,
+                scope.as_ref(),
+            );
+            let results =
+                node.lowering.lower(&mut ctx, info).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
+            guards.extend(ctx.take_guards());
+            for c in ctx.take_checks() {
+                checks.push(Check { reason: Error::new(c.reason).at_node(&info.name, &info.qualified_op()).0, ..c });
+            }
+            for update in ctx.take_row_updates() {
+                match self.row_update(node, update, stream).map_err(|e| e.at_node(&info.name, &info.qualified_op()))? {
+                    Some(Resolved::Now(wb)) => write_backs.push(wb),
+                    Some(Resolved::AfterEvaluation(pending)) => rows_at.push(pending),
+                    None => {}
+                }
+            }
+            if let (Some(t), Some(inputs)) = (tracer, described) {
+                let args = serde_json::json!({
+                    "op": info.qualified_op(), "inputs": inputs, "outputs": describe_all(&results),
+                });
+                t.record(info.name.clone(), "node", started, Instant::now(), args);
+            }
+            check_sizes(&results).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
+            if results.len() < node.outputs.iter().flatten().count() {
+                return Err(Error::new(format!(
+                    "lowering returned {} outputs for {}",
+                    results.len(),
+                    info.outputs.len()
+                ))
+                .at_node(&info.name, &info.qualified_op()));
+            }
+            for (slot, array) in node.outputs.iter().zip(results) {
+                if let Some(slot) = slot {
+                    values[*slot] = Some(array);
+                }
+            }
+        }
+        let mut results = Vec::with_capacity(self.outputs.len());
+        for out in &self.outputs {
+            let a = resolve(&values, out.source).ok_or_else(|| {
+                Error::new(format!("partition {}: output '{}' was not produced", self.name, out.name))
+            })?;
+            // Not forced row-contiguous here (one more dispatched operation per output): the
+            // copy-out copies evaluated row-contiguous arrays directly and makes the rare view
+            // contiguous itself.
+            results.push(mlx::ops::astype(&a, out.dtype, stream)?);
+        }
+        // The guards: conditions of one shape are joined elementwise (fused in a compiled
+        // graph), then reduced once per shape.
+        let mut by_shape: Vec<(Vec<i64>, Array)> = Vec::new();
+        for g in guards {
+            let shape = g.shape();
+            match by_shape.iter_mut().find(|(s, _)| *s == shape) {
+                Some((_, acc)) => *acc = mlx::ops::logical_and(acc, &g, stream)?,
+                None => by_shape.push((shape, g)),
+            }
+        }
+        let mut guard: Option<Array> = None;
+        for (shape, cond) in by_shape {
+            let all = mlx::ops::all_axes(&cond, &(0..shape.len() as i32).collect::<Vec<_>>(), false, stream)?;
+            guard = Some(match guard {
+                Some(acc) => mlx::ops::logical_and(&acc, &all, stream)?,
+                None => all,
+            });
+        }
+        // The guard and the data checks travel as one boolean vector: one small read after
+        // the evaluation tells both.
+        let mut flags = Vec::with_capacity(guard.is_some() as usize + checks.len());
+        flags.extend(guard.as_ref().map(|g| mlx::ops::reshape(g, &[1], stream)).transpose()?);
+        let mut reasons = Vec::with_capacity(checks.len());
+        for c in checks {
+            let axes: Vec<i32> = (0..c.cond.ndim() as i32).collect();
+            let all = mlx::ops::all_axes(&mlx::ops::astype(&c.cond, Dtype::Bool, stream)?, &axes, false, stream)?;
+            flags.push(mlx::ops::reshape(&all, &[1], stream)?);
+            reasons.push(c.reason);
+        }
+        let flags = if flags.is_empty() { None } else { Some(mlx::ops::concatenate(&flags, 0, stream)?) };
+        Ok(Built { outputs: results, write_backs, rows_at, flags, meta: Flags { guard: guard.is_some(), reasons } })
+    }
+
+    /// The identity of a constant input for the derived-constant cache: the address of its
+    /// shared MLX copy (equal weights in two sessions are one copy).
+    pub(super) fn constant_identity(&self, src: Source) -> Option<usize> {
+        match src {
+            Source::Constant(i) => Some(Arc::as_ptr(&self.constants[i].1) as usize),
+            _ => None,
+        }
+    }
+
+    /// The partition output a node output is, when it is one.
+    pub(super) fn partition_output(&self, node: &PlanNode, output: usize) -> Option<String> {
+        node.info
+            .outputs
+            .get(output)
+            .cloned()
+            .flatten()
+            .map(|v| v.name)
+            .filter(|name| self.outputs.iter().any(|o| o.name == *name))
+    }
+
+    /// Resolves a lowering's row update against the partition: `None` when the input is not a
+    /// runtime input or the updated value not a partition output (no buffer could be shared:
+    /// the output is copied whole); rows known now become a write-back, rows at data positions
+    /// one resolved after the evaluation.
+    pub(super) fn row_update(&self, node: &PlanNode, update: RowUpdate, stream: &Stream) -> Result<Option<Resolved>> {
+        // Only a buffer ORT provides at run time can be shared with an output.
+        let Some(Source::Input(input)) = node.inputs.get(update.input).copied() else {
+            return Ok(None);
+        };
+        let Some(output) = self.partition_output(node, update.aliased_output) else {
+            return Ok(None);
+        };
+        Ok(Some(match update.rows {
+            ChangedRows::Known { updated, patches } => {
+                let shape = updated.shape();
+                let byte_ranges = row_byte_ranges(&shape, updated.dtype().size_in_bytes(), update.axis, &patches)?;
+                let chunks = byte_ranges.into_iter().map(|r| (r.clone(), r.start)).collect();
+                Resolved::Now(WriteBack { input, array: mlx::ops::contiguous(&updated, stream)?, chunks, output })
+            }
+            ChangedRows::At { rows, starts } => {
+                Resolved::AfterEvaluation(PendingRows { input, rows, starts, axis: update.axis, output })
+            }
+        }))
+    }
+}
+
+/// A row update resolved against the partition.
+pub(super) enum Resolved {
+    Now(WriteBack),
+    AfterEvaluation(PendingRows),
+}
+
+/// A built graph: the partition's outputs, in-place input updates, and the flags: the
+/// conjunction of the lowerings' guards (see [`LowerCtx::guard`]) and each data check (see
+/// [`LowerCtx::check`]), as one boolean vector.
+pub(super) struct Built {
+    pub(super) outputs: Vec<Array>,
+    pub(super) write_backs: Vec<WriteBack>,
+    pub(super) rows_at: Vec<PendingRows>,
+    pub(super) flags: Option<Array>,
+    pub(super) meta: Flags,
+}
+
+/// What the entries of a built graph's flag vector mean: the guard first when there is one,
+/// then one entry per data check, with the error it raises.
+#[derive(Default, Clone, Debug)]
+pub(super) struct Flags {
+    pub(super) guard: bool,
+    pub(super) reasons: Vec<String>,
+}
+
+impl Flags {
+    pub(super) fn any(&self) -> bool {
+        self.guard || !self.reasons.is_empty()
+    }
+
+    /// Reads the evaluated flag vector: a guard miss (where `guarded`: an exact run has no use
+    /// for its guard), the first failed check, or a valid run.
+    pub(super) fn read(&self, flags: &Array, stream: &Stream, guarded: bool) -> Result<Verdict> {
+        let values = flags.to_vec::<bool>(stream)?;
+        if values.len() != self.guard as usize + self.reasons.len() {
+            return Err(Error::new(format!("{} flags evaluated for {:?}", values.len(), self)));
+        }
+        if guarded && self.guard && !values[0] {
+            return Ok(Verdict::GuardMiss);
+        }
+        let checks = &values[self.guard as usize..];
+        match checks.iter().position(|ok| !ok) {
+            Some(i) => Ok(Verdict::Invalid(Error::new(self.reasons[i].clone()))),
+            None => Ok(Verdict::Valid),
+        }
+    }
+}
+
+/// What a run's flags say.
+pub(super) enum Verdict {
+    Valid,
+    /// A guard failed: the outputs are discarded and the run takes the exact path.
+    GuardMiss,
+    /// The input data is invalid for a node (an index out of range): the run fails with this.
+    Invalid(Error),
+}
+
+/// Refuses node results larger than MLX's memory limit, before anything is allocated: such a
+/// graph would fail in MLX's allocator, or take the host's memory, when evaluated.
+pub(super) fn check_sizes(results: &[Array]) -> Result<()> {
+    for (i, a) in results.iter().enumerate() {
+        crate::lowering::check_shape(&a.shape(), a.dtype()).map_err(|e| Error::new(format!("output {i}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// "dtype[shape]" of each input, for trace spans.
+pub(super) fn describe(arrays: &[Option<Array>]) -> Vec<String> {
+    arrays
+        .iter()
+        .map(|a| a.as_ref().map_or_else(|| "absent".to_owned(), |a| format!("{:?}{:?}", a.dtype(), a.shape())))
+        .collect()
+}
+
+pub(super) fn describe_all(arrays: &[Array]) -> Vec<String> {
+    arrays.iter().map(|a| format!("{:?}{:?}", a.dtype(), a.shape())).collect()
+}
+
+/// The value of a one-element float32/float64 constant that MLX's compiled kernels would
+/// round (see [`mlx::ops::survives_kernel_source`]).
+pub(super) fn inexact_in_kernels(a: &Array) -> Option<(f64, Dtype, Vec<i64>)> {
+    if a.size() != 1 {
+        return None;
+    }
+    let bytes = a.host_bytes()?;
+    let v = match a.dtype() {
+        Dtype::F32 => f64::from(f32::from_le_bytes(bytes.get(..4)?.try_into().ok()?)),
+        Dtype::F64 => f64::from_le_bytes(bytes.get(..8)?.try_into().ok()?),
+        _ => return None,
+    };
+    (!mlx::ops::survives_kernel_source(v, a.dtype())).then(|| (v, a.dtype(), a.shape()))
+}
