@@ -64,7 +64,8 @@ fn lower_range(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
         bail!("the number of elements ({count}) of Range({start}, {limit}, {delta}) is not finite");
     }
     let n = count.max(0.0) as i64;
-    ep_core::lowering::check_shape(&[n], dtype)?;
+    // The positions are counted in int64 first.
+    ep_core::lowering::check_shape(&[n], Dtype::I64)?;
     // start + i * delta, computed in the input type as ONNX does.
     let s = ctx.stream_for(dtype);
     let i = ops::astype(&ops::arange(0.0, n as f64, 1.0, Dtype::I64, s)?, dtype, s)?;
