@@ -188,8 +188,9 @@ AS_LIMIT = 4 << 30
 
 
 def fuzz_cases():
-    """The fuzzer's crash findings (cargo xtask fuzz): size-0 axes and dims, and results of
-    2^31 - 1 elements under a 4 GiB address-space limit."""
+    """The fuzzer's findings (cargo xtask fuzz): size-0 axes and dims, attributes ORT refuses,
+    shifts past the width, and results of 2^31 - 1 elements under a 4 GiB address-space limit."""
+    x4 = np.arange(4, dtype=np.float32)
     out = {}
     for op in ("CumSum", "CumProd"):
         out[f"{op}[size-0 axis]"] = (
@@ -202,6 +203,7 @@ def fuzz_cases():
               [vi("x", F, [0]), vi("k", I64, [1])], [vi("v", F, [0]), vi("i", I64, [0])]),
         {"x": np.zeros(0, np.float32), "k": np.array([0], dtype=np.int64)},
     )
+    u8 = TensorProto.UINT8
     for label, (xs, ws, group) in {"no output channels": ([1, 4, 2, 4], [0, 1, 3, 3], 4),
                                    "empty batch": ([0, 4, 2, 4], [2, 4, 3, 3], 1)}.items():
         out[f"Conv[{label}]"] = (
@@ -209,13 +211,32 @@ def fuzz_cases():
                   [vi("x", F, xs), vi("w", F, ws)], [vi("y", F, sym(4))]),
             {"x": np.ones(xs, np.float32), "w": np.ones(ws, np.float32)},
         )
-        u8 = TensorProto.UINT8
         out[f"ConvInteger[{label}]"] = (
             model(helper.make_node("ConvInteger", ["x", "w"], ["y"], name="conv_integer", group=group,
                                    pads=[1, 1, 1, 1]),
                   [vi("x", u8, xs), vi("w", u8, ws)], [vi("y", TensorProto.INT32, sym(4))]),
             {"x": np.ones(xs, np.uint8), "w": np.ones(ws, np.uint8)},
         )
+    out["BitShift[by the width]"] = (
+        model(helper.make_node("BitShift", ["x", "n"], ["y"], name="bit_shift", direction="LEFT"),
+              [vi("x", u8, [3]), vi("n", u8, [3])], [vi("y", u8, [3])]),
+        {"x": np.array([1, 3, 255], np.uint8), "n": np.array([8, 9, 7], np.uint8)},
+    )
+    out["Mod[fmod 2]"] = (
+        model(helper.make_node("Mod", ["a", "b"], ["y"], name="mod", fmod=2),
+              [vi("a", TensorProto.INT32, [2]), vi("b", TensorProto.INT32, [2])], [vi("y", TensorProto.INT32, [2])]),
+        {"a": np.array([5, -5], np.int32), "b": np.array([3, 3], np.int32)},
+    )
+    out["Clip[min above max]"] = (
+        model(helper.make_node("Clip", ["x"], ["y"], name="clip", min=2.0, max=1.0),
+              [vi("x", F, [4])], [vi("y", F, [4])], opset=6),
+        {"x": x4},
+    )
+    out["Range[vector start]"] = (
+        model(helper.make_node("Range", ["a", "b", "d"], ["y"], name="range"),
+              [vi("a", F, [2]), vi("b", F, []), vi("d", F, [])], [vi("y", F, sym(1))]),
+        {"a": np.array([0, 1], np.float32), "b": np.array(4, np.float32), "d": np.array(1, np.float32)},
+    )
     big = (1 << 31) - 1
     limited = {
         "ConstantOfShape[2^31-1 under 4 GiB]": (
