@@ -237,6 +237,20 @@ def fuzz_cases():
               [vi("a", F, [2]), vi("b", F, []), vi("d", F, [])], [vi("y", F, sym(1))]),
         {"a": np.array([0, 1], np.float32), "b": np.array(4, np.float32), "d": np.array(1, np.float32)},
     )
+    # Per-channel parameters of another shape: ORT refuses them, broadcasting would answer.
+    out["BatchNormalization[scalar bias]"] = (
+        model(helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y"], name="batch_norm"),
+              [vi("x", F, [2, 3, 2]), vi("g", F, [3]), vi("b", F, []), vi("m", F, [3]), vi("v", F, [3])],
+              [vi("y", F, [2, 3, 2])]),
+        {"x": np.ones((2, 3, 2), np.float32), "g": np.ones(3, np.float32), "b": np.array(1, np.float32),
+         "m": np.zeros(3, np.float32), "v": np.ones(3, np.float32)},
+    )
+    out["InstanceNormalization[scale of 1 for 3 channels]"] = (
+        model(helper.make_node("InstanceNormalization", ["x", "g", "b"], ["y"], name="instance_norm"),
+              [vi("x", F, [1, 3, 4]), vi("g", F, [1]), vi("b", F, [1])], [vi("y", F, [1, 3, 4])]),
+        {"x": np.arange(12, dtype=np.float32).reshape(1, 3, 4), "g": np.ones(1, np.float32),
+         "b": np.zeros(1, np.float32)},
+    )
     big = (1 << 31) - 1
     limited = {
         "ConstantOfShape[2^31-1 under 4 GiB]": (
