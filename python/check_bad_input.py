@@ -251,6 +251,21 @@ def fuzz_cases():
         {"x": np.arange(12, dtype=np.float32).reshape(1, 3, 4), "g": np.ones(1, np.float32),
          "b": np.zeros(1, np.float32)},
     )
+    # total_sequence_length that fits neither a growing nor a static cache, seqlens_k past it.
+    gqa_in = [vi("q", F, [1, 1, 16]), vi("k", F, [1, 1, 16]), vi("v", F, [1, 1, 16]),
+              vi("seqlens_k", TensorProto.INT32, [1]), vi("total", TensorProto.INT32, [])]
+    gqa_out = [vi("y", F, [1, 1, 16]), vi("present_k", F, sym(4)), vi("present_v", F, sym(4))]
+    gqa_lengths = {"total_sequence_length 1000": (0, 1000), "seqlens_k 2^31-1": (2**31 - 1, 1)}
+    for label, (seqlens, total) in gqa_lengths.items():
+        out[f"GroupQueryAttention[{label}]"] = (
+            model(helper.make_node("GroupQueryAttention", ["q", "k", "v", "", "", "seqlens_k", "total"],
+                                   ["y", "present_k", "present_v"], name="gqa", domain="com.microsoft",
+                                   num_heads=1, kv_num_heads=1),
+                  gqa_in, gqa_out, domain_opsets=[("com.microsoft", 1)]),
+            {"q": np.ones((1, 1, 16), np.float32), "k": np.ones((1, 1, 16), np.float32),
+             "v": np.ones((1, 1, 16), np.float32), "seqlens_k": np.array([seqlens], np.int32),
+             "total": np.array(total, np.int32)},
+        )
     big = (1 << 31) - 1
     limited = {
         "ConstantOfShape[2^31-1 under 4 GiB]": (
