@@ -177,6 +177,122 @@ def probe_cases():
                   [vi("x", F, [1, 1, 4, 4])], [vi("y", F, sym(4))]),
             {"x": np.ones((1, 1, 4, 4), np.float32)},
         )
+    out.update(fuzz_cases())
+    return out
+
+
+# Cases whose child runs under this address-space limit (bytes), as the fuzzer's do: an
+# allocation that fails there must end as an error, not a crash inside MLX.
+LIMITED = {}
+AS_LIMIT = 4 << 30
+
+
+def fuzz_cases():
+    """The fuzzer's findings (cargo xtask fuzz): size-0 axes and dims, attributes ORT refuses,
+    shifts past the width, and results of 2^31 - 1 elements under a 4 GiB address-space limit."""
+    x4 = np.arange(4, dtype=np.float32)
+    out = {}
+    for op in ("CumSum", "CumProd"):
+        out[f"{op}[size-0 axis]"] = (
+            model(helper.make_node(op, ["x", "axis"], ["y"], name=op.lower(), exclusive=1),
+                  [vi("x", F, [2, 0]), vi("axis", I64, [])], [vi("y", F, [2, 0])], opset=26),
+            {"x": np.zeros((2, 0), np.float32), "axis": np.array(1, dtype=np.int64)},
+        )
+    out["TopK[size-0 axis]"] = (
+        model(helper.make_node("TopK", ["x", "k"], ["v", "i"], name="topk", axis=0),
+              [vi("x", F, [0]), vi("k", I64, [1])], [vi("v", F, [0]), vi("i", I64, [0])]),
+        {"x": np.zeros(0, np.float32), "k": np.array([0], dtype=np.int64)},
+    )
+    u8 = TensorProto.UINT8
+    for label, (xs, ws, group) in {"no output channels": ([1, 4, 2, 4], [0, 1, 3, 3], 4),
+                                   "empty batch": ([0, 4, 2, 4], [2, 4, 3, 3], 1)}.items():
+        out[f"Conv[{label}]"] = (
+            model(helper.make_node("Conv", ["x", "w"], ["y"], name="conv", group=group, pads=[1, 1, 1, 1]),
+                  [vi("x", F, xs), vi("w", F, ws)], [vi("y", F, sym(4))]),
+            {"x": np.ones(xs, np.float32), "w": np.ones(ws, np.float32)},
+        )
+        out[f"ConvInteger[{label}]"] = (
+            model(helper.make_node("ConvInteger", ["x", "w"], ["y"], name="conv_integer", group=group,
+                                   pads=[1, 1, 1, 1]),
+                  [vi("x", u8, xs), vi("w", u8, ws)], [vi("y", TensorProto.INT32, sym(4))]),
+            {"x": np.ones(xs, np.uint8), "w": np.ones(ws, np.uint8)},
+        )
+    out["BitShift[by the width]"] = (
+        model(helper.make_node("BitShift", ["x", "n"], ["y"], name="bit_shift", direction="LEFT"),
+              [vi("x", u8, [3]), vi("n", u8, [3])], [vi("y", u8, [3])]),
+        {"x": np.array([1, 3, 255], np.uint8), "n": np.array([8, 9, 7], np.uint8)},
+    )
+    out["Mod[fmod 2]"] = (
+        model(helper.make_node("Mod", ["a", "b"], ["y"], name="mod", fmod=2),
+              [vi("a", TensorProto.INT32, [2]), vi("b", TensorProto.INT32, [2])], [vi("y", TensorProto.INT32, [2])]),
+        {"a": np.array([5, -5], np.int32), "b": np.array([3, 3], np.int32)},
+    )
+    out["Clip[min above max]"] = (
+        model(helper.make_node("Clip", ["x"], ["y"], name="clip", min=2.0, max=1.0),
+              [vi("x", F, [4])], [vi("y", F, [4])], opset=6),
+        {"x": x4},
+    )
+    out["Range[vector start]"] = (
+        model(helper.make_node("Range", ["a", "b", "d"], ["y"], name="range"),
+              [vi("a", F, [2]), vi("b", F, []), vi("d", F, [])], [vi("y", F, sym(1))]),
+        {"a": np.array([0, 1], np.float32), "b": np.array(4, np.float32), "d": np.array(1, np.float32)},
+    )
+    # Per-channel parameters of another shape: ORT refuses them, broadcasting would answer.
+    out["BatchNormalization[scalar bias]"] = (
+        model(helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y"], name="batch_norm"),
+              [vi("x", F, [2, 3, 2]), vi("g", F, [3]), vi("b", F, []), vi("m", F, [3]), vi("v", F, [3])],
+              [vi("y", F, [2, 3, 2])]),
+        {"x": np.ones((2, 3, 2), np.float32), "g": np.ones(3, np.float32), "b": np.array(1, np.float32),
+         "m": np.zeros(3, np.float32), "v": np.ones(3, np.float32)},
+    )
+    out["InstanceNormalization[scale of 1 for 3 channels]"] = (
+        model(helper.make_node("InstanceNormalization", ["x", "g", "b"], ["y"], name="instance_norm"),
+              [vi("x", F, [1, 3, 4]), vi("g", F, [1]), vi("b", F, [1])], [vi("y", F, [1, 3, 4])]),
+        {"x": np.arange(12, dtype=np.float32).reshape(1, 3, 4), "g": np.ones(1, np.float32),
+         "b": np.zeros(1, np.float32)},
+    )
+    # total_sequence_length that fits neither a growing nor a static cache, seqlens_k past it.
+    gqa_in = [vi("q", F, [1, 1, 16]), vi("k", F, [1, 1, 16]), vi("v", F, [1, 1, 16]),
+              vi("seqlens_k", TensorProto.INT32, [1]), vi("total", TensorProto.INT32, [])]
+    gqa_out = [vi("y", F, [1, 1, 16]), vi("present_k", F, sym(4)), vi("present_v", F, sym(4))]
+    gqa_lengths = {"total_sequence_length 1000": (0, 1000), "seqlens_k 2^31-1": (2**31 - 1, 1)}
+    for label, (seqlens, total) in gqa_lengths.items():
+        out[f"GroupQueryAttention[{label}]"] = (
+            model(helper.make_node("GroupQueryAttention", ["q", "k", "v", "", "", "seqlens_k", "total"],
+                                   ["y", "present_k", "present_v"], name="gqa", domain="com.microsoft",
+                                   num_heads=1, kv_num_heads=1),
+                  gqa_in, gqa_out, domain_opsets=[("com.microsoft", 1)]),
+            {"q": np.ones((1, 1, 16), np.float32), "k": np.ones((1, 1, 16), np.float32),
+             "v": np.ones((1, 1, 16), np.float32), "seqlens_k": np.array([seqlens], np.int32),
+             "total": np.array(total, np.int32)},
+        )
+    big = (1 << 31) - 1
+    limited = {
+        "ConstantOfShape[2^31-1 under 4 GiB]": (
+            model(helper.make_node("ConstantOfShape", ["shape"], ["y"], name="constant_of_shape"),
+                  [vi("shape", I64, [1])], [vi("y", F, sym(1))]),
+            {"shape": np.array([big], dtype=np.int64)},
+        ),
+        "Tile[2^31-1 under 4 GiB]": (
+            model(helper.make_node("Tile", ["x", "r"], ["y"], name="tile"),
+                  [vi("x", TensorProto.UINT8, [1]), vi("r", I64, [1])], [vi("y", TensorProto.UINT8, sym(1))]),
+            {"x": np.ones(1, np.uint8), "r": np.array([big], dtype=np.int64)},
+        ),
+        "Range[2^31-1 under 4 GiB]": (
+            model(helper.make_node("Range", ["a", "b", "d"], ["y"], name="range"),
+                  [vi("a", TensorProto.INT32, []), vi("b", TensorProto.INT32, []), vi("d", TensorProto.INT32, [])],
+                  [vi("y", TensorProto.INT32, sym(1))]),
+            {"a": np.array(0, np.int32), "b": np.array(big, np.int32), "d": np.array(1, np.int32)},
+        ),
+        "OneHot[2^31-1 under 4 GiB]": (
+            model(helper.make_node("OneHot", ["i", "depth", "values"], ["y"], name="one_hot"),
+                  [vi("i", I64, [1]), vi("depth", I64, [1]), vi("values", F, [2])], [vi("y", F, sym(2))]),
+            {"i": np.array([0], dtype=np.int64), "depth": np.array([big], dtype=np.int64),
+             "values": np.array([0, 1], dtype=np.float32)},
+        ),
+    }
+    LIMITED.update(dict.fromkeys(limited, AS_LIMIT))
+    out.update(limited)
     return out
 
 
@@ -193,6 +309,9 @@ def child(name, ep):
     killed by such inputs (on a machine that overcommits memory it takes the OOM killer's
     signal filling a 4 TB ConstantOfShape), which must not be counted against the MLX EP."""
     m, feeds = cases()[name]
+    if name in LIMITED:
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (LIMITED[name], resource.RLIM_INFINITY))
     if ep == "cpu":
         try:
             cpu = ort.InferenceSession(m, providers=["CPUExecutionProvider"])

@@ -9,9 +9,9 @@
 use crate::setup;
 use crate::util::{self, Result, step};
 
-// The bounded run meant for `cargo xtask test` (a fixed seed, about 1.5 minutes on two cores
-// with a warm MLX kernel cache): `cargo xtask fuzz --cases 2000 --seed 20261203`. It joins the
-// test command once the failures it still finds are fixed.
+/// The bounded run of `cargo xtask test`: a fixed seed, about 1.5 minutes on two cores with a warm MLX kernel cache.
+pub const CI_CASES: u64 = 2000;
+pub const CI_SEED: u64 = 20_261_203;
 
 pub fn run(args: &[String]) -> Result {
     let mut forwarded = Vec::new();
@@ -33,6 +33,11 @@ pub fn run(args: &[String]) -> Result {
     setup::ensure(None)?;
     util::run(util::cargo().args(["build", "-p", "onnxruntime-mlx-ep"]))?;
     fuzzer(&forwarded)
+}
+
+/// The bounded run `cargo xtask test` makes (the plugin already built).
+pub fn bounded() -> Result {
+    fuzzer(&["--cases".to_string(), CI_CASES.to_string(), "--seed".to_string(), CI_SEED.to_string()])
 }
 
 /// Runs `mlx-ep-conformance --fuzz` (or `--fuzz-replay`) against the debug plugin.

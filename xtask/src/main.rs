@@ -43,8 +43,9 @@ commands:
   fuzz --replay DIR     re-runs a saved fuzz failure (target/fuzz/failures/...)
   wheel [--debug] [--cuda]
                         the Python package (onnxruntime-mlx-ep) as a wheel under target/wheels/
-  test                  everything CI runs: setup, build, cargo test, the Python check, and the
-                        node tests held to crates/conformance/node-tests-passing.txt
+  test                  everything CI runs: setup, build, cargo test, the Python check, the
+                        node tests held to crates/conformance/node-tests-passing.txt, and a
+                        bounded fuzz run (fixed seed)
 ";
 
 fn main() -> ExitCode {

@@ -1,9 +1,10 @@
 //! `cargo xtask test`: everything CI runs, in order: setup, `cargo fmt --check` and clippy
 //! with `-D warnings` (the workspace lints), a trimmed plugin build, the
 //! workspace build, `cargo test --workspace`, the property suite at a bounded case count, the
-//! ONNX node tests and model suites (no test on the committed
-//! passing list may fail), then the Python checks against the wheel's ORT (the plugin, the
-//! installed wheel, bad input, concurrency, quantized transformers).
+//! ONNX node tests and model suites (no test on the committed passing list may fail), the
+//! Python checks against the wheel's ORT (the plugin, the installed wheel, bad input,
+//! concurrency, quantized transformers), and last a bounded run of the bad-input fuzzer
+//! (fixed seed).
 
 use crate::setup;
 use crate::util::{self, Result, step};
@@ -67,7 +68,8 @@ pub fn run(args: &[String]) -> Result {
                 .env("ORT_MLX_EP_LIB", util::plugin_path("debug")),
         )?;
     }
-    Ok(())
+    // Last, so that open fuzz findings do not hide what the earlier checks say.
+    crate::fuzz::bounded()
 }
 
 /// Builds the wheel (debug plugin), installs it with `onnxruntime==1.31.1` into a fresh venv,

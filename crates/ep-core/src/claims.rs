@@ -94,13 +94,82 @@ pub fn check_shape(shape: &[i64], dtype: crate::mlx::Dtype) -> Result<()> {
             "a {dtype:?}{shape:?} tensor ({bytes} bytes) is more than MLX's memory limit of {limit} bytes"
         )));
     }
+    // MLX does not survive an allocation that fails (it uses the null buffer), so what the
+    // process may still allocate bounds a tensor too: half of it, leaving room for one
+    // temporary of the same size (an index vector, a cast). Small tensors skip reading it.
+    if bytes > HEADROOM_CHECKED_ABOVE
+        && let Some((room, why)) = process_headroom()
+        && bytes > room / 2
+    {
+        return Err(Error::new(format!(
+            "a {dtype:?}{shape:?} tensor ({bytes} bytes) is more than half of what the process can \
+             still allocate ({room} bytes: {why})"
+        )));
+    }
     Ok(())
+}
+
+/// Tensors up to this size are held to MLX's memory limit only.
+const HEADROOM_CHECKED_ABOVE: u64 = 64 << 20;
+
+/// The fewest bytes the process may still allocate by its limits, and which limit says so:
+/// the address-space and data-segment limits (`RLIMIT_AS`, `RLIMIT_DATA`) less what is
+/// mapped now, its cgroup's `memory.max` less its usage, and the host's available memory and
+/// free swap. `None` where none of them can be read (not Linux).
+pub fn process_headroom() -> Option<(u64, &'static str)> {
+    let mut best: Option<(u64, &'static str)> = None;
+    let mut offer = |room: Option<u64>, why: &'static str| {
+        if let Some(r) = room
+            && best.is_none_or(|(b, _)| r < b)
+        {
+            best = Some((r, why));
+        }
+    };
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let soft_limit = |label: &str| {
+        let rest = limits.lines().find_map(|l| l.strip_prefix(label))?;
+        rest.split_whitespace().next()?.parse::<u64>().ok()
+    };
+    let kb = |text: &str, key: &str| {
+        let rest = text.lines().find_map(|l| l.strip_prefix(key))?;
+        Some(rest.split_whitespace().next()?.parse::<u64>().ok()? * 1024)
+    };
+    let room = |limit: Option<u64>, used: Option<u64>| Some(limit?.saturating_sub(used.unwrap_or(0)));
+    offer(room(soft_limit("Max address space"), kb(&status, "VmSize:")), "address-space limit (RLIMIT_AS)");
+    offer(room(soft_limit("Max data size"), kb(&status, "VmData:")), "data-segment limit (RLIMIT_DATA)");
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    if let Some(path) = cgroup.lines().find_map(|l| l.strip_prefix("0::")) {
+        let read = |f: &str| std::fs::read_to_string(format!("/sys/fs/cgroup{path}/{f}")).ok();
+        let max = read("memory.max").and_then(|m| m.trim().parse::<u64>().ok());
+        let current = read("memory.current").and_then(|m| m.trim().parse::<u64>().ok());
+        offer(room(max, current), "cgroup memory.max");
+    }
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    if let Some(available) = kb(&meminfo, "MemAvailable:") {
+        offer(Some(available + kb(&meminfo, "SwapFree:").unwrap_or(0)), "the host's available memory and swap");
+    }
+    best
 }
 
 /// MLX's memory limit in bytes (read once), `u64::MAX` where the backend sets none.
 pub fn memory_limit() -> u64 {
     static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *LIMIT.get_or_init(|| crate::mlx::memory_limit().ok().filter(|&l| l > 0).map_or(u64::MAX, |l| l as u64))
+}
+
+/// Declines unless integer attribute `name` (`default` when absent) is one of `allowed`.
+pub fn require_attr_in(
+    node: &NodeInfo,
+    name: &str,
+    default: i64,
+    allowed: &[i64],
+) -> std::result::Result<i64, Decline> {
+    let v = node.attr_int(name, default)?;
+    if !allowed.contains(&v) {
+        return Err(Decline(format!("attribute {name} = {v}; supported: {allowed:?}")));
+    }
+    Ok(v)
 }
 
 /// Declines unless input `i` (if present) has one of `allowed` element types.

@@ -164,6 +164,20 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         .map_err(|e| Error::new(format!("total_sequence_length: {e}")))?
         .first()
         .ok_or_else(|| Error::new("total_sequence_length is empty"))?;
+    // What ORT's CPU EP requires of the lengths: a growing cache gains the new rows, a static
+    // one (a buffer at least as long) holds them.
+    if let (Some(pk), Some(pv)) = (&past_k, &past_v)
+        && pk.shape() != pv.shape()
+    {
+        bail!("past_key {:?} and past_value {:?} differ in shape", pk.shape(), pv.shape());
+    }
+    if total < 1 || total < g.seq || (total != past_len + g.seq && total > past_len) {
+        bail!(
+            "total_sequence_length {total} fits neither a growing cache (past {past_len} + new {}) nor a \
+             static one (at most {past_len} rows)",
+            g.seq
+        );
+    }
     let present_len = total.max(past_len);
     let first_prompt = g.seq == total;
     // T_b and past_b, [B, 1, 1, 1].
@@ -196,6 +210,15 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     if let (true, Some(pk), Some(pv)) = (ctx.shapeless() && past_len + g.seq == total, &past_k, &past_v) {
         return decode_step(ctx, node, &g, (&q, &k, &v), (pk, pv), &past_b);
     }
+    // Each entry's length within the present (the decode slot above replays a trace, whose
+    // lengths grow, so it is not checked against a traced bound).
+    let last = ops::scalar((present_len - 1) as f64, Dtype::I32, s)?;
+    let valid =
+        ops::logical_and(&ops::greater_equal(&seqlens, &int(0, s)?, s)?, &ops::less_equal(&seqlens, &last, s)?, s)?;
+    ctx.check(
+        &valid,
+        format!("a seqlens_k entry is outside [0, {present_len}) (the present holds {present_len} rows)"),
+    )?;
     let present_k = present(past_k.as_ref(), &k, &past_b, present_len, &g, s)?;
     let present_v = present(past_v.as_ref(), &v, &past_b, present_len, &g, s)?;
     if past_k.is_some() && present_len == past_len {

@@ -78,7 +78,11 @@ fn selu(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
 fn celu(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
     let alpha = attr(node, "alpha", 1.0)?;
     let zero = c(0.0, x, s)?;
-    let e = ops::multiply(&ops::expm1(&ops::divide(x, &c(alpha, x, s)?, s)?, s)?, &c(alpha, x, s)?, s)?;
+    // `exp - 1` as ONNX writes it and ORT's CPU EP computes it (not `expm1`, which differs
+    // where x / alpha is tiny: alpha = 1e30 makes the negative part 0 there, x here).
+    let one = c(1.0, x, s)?;
+    let t = ops::subtract(&ops::exp(&ops::divide(x, &c(alpha, x, s)?, s)?, s)?, &one, s)?;
+    let e = ops::multiply(&t, &c(alpha, x, s)?, s)?;
     Ok(ops::add(&ops::maximum(x, &zero, s)?, &ops::minimum(&zero, &e, s)?, s)?)
 }
 

@@ -32,6 +32,10 @@ impl Lowering for Binary {
         require_inputs(node, 2, 2)?;
         require_input_type(node, 0, self.types)?;
         require_input_type(node, 1, self.rhs_types.unwrap_or(self.types))?;
+        if self.op == "Mod" {
+            // ORT's CPU EP refuses any other value when it creates the kernel.
+            ep_core::lowering::require_attr_in(node, "fmod", 0, &[0, 1])?;
+        }
         if self.op == "Mod"
             && node.attr_int("fmod", 0)? == 0
             && ep_core::lowering::input_type(node, 0).is_some_and(|t| FLOATS.contains(&t) || t == ElemType::F64)
@@ -177,6 +181,10 @@ fn bit_shift(a: &Array, b: &Array, node: &NodeInfo, s: &Stream) -> Result<Array>
     let left = matches!(node.attr("direction"), Some(ep_core::AttrValue::String(d)) if d == "LEFT");
     let b = ops::astype(b, a.dtype(), s)?;
     let y = if left { ops::left_shift(a, &b, s)? } else { ops::right_shift(a, &b, s)? };
+    // A shift by the width or more leaves no bit (as ORT's CPU EP answers; C leaves it undefined).
+    let bits = ops::scalar((a.dtype().size_in_bytes() * 8) as f64, a.dtype(), s)?;
+    let zero = ops::scalar(0.0, a.dtype(), s)?;
+    let y = ops::where_(&ops::greater_equal(&b, &bits, s)?, &zero, &y, s)?;
     Ok(ops::astype(&y, a.dtype(), s)?)
 }
 

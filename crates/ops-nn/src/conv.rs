@@ -3,7 +3,7 @@
 //! channels-last convolution: the input is transposed to channels-last and back, the weight
 //! once per session when it is a constant.
 
-use crate::window::{Window, windows};
+use crate::window::{Window, empty_conv, windows};
 use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, ops};
 use ep_core::{CompileSafety, Decline, LowerCtx, NodeInfo, Result, bail};
@@ -31,9 +31,21 @@ fn finish(y: &Array, r: usize, bias: Option<&Array>, s: &ep_core::mlx::Stream) -
 
 /// `y + b` with `b` per channel (axis 1).
 fn add_bias(y: &Array, b: &Array, s: &ep_core::mlx::Stream) -> Result<Array> {
+    check_bias(Some(b), y.shape()[1])?;
     let mut shape = vec![1i64; y.ndim()];
     shape[1] = b.size() as i64;
     Ok(ops::add(y, &ops::reshape(b, &shape, s)?, s)?)
+}
+
+/// The bias, when given, must be a 1-D tensor of the `m` output channels (as ORT's CPU EP
+/// requires; broadcasting any other shape would answer what it refuses).
+pub(crate) fn check_bias(b: Option<&Array>, m: i64) -> Result<()> {
+    if let Some(b) = b
+        && (b.ndim() != 1 || b.size() as i64 != m)
+    {
+        bail!("the bias {:?} must be a 1-D tensor of the {m} output channels", b.shape());
+    }
+    Ok(())
 }
 
 /// `[0, 2, 3, ..., 1]`: channels-first to channels-last.
@@ -58,6 +70,10 @@ fn lower_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         bail!("kernel_shape {k:?} differs from the weight's {kernel:?}");
     }
     let w = Window::of(node, &xs[2..], kernel.clone(), false)?;
+    check_bias(ctx.optional_input(2), ws[0])?;
+    if let Some(shape) = empty_conv(&xs, &ws, &w)? {
+        return Ok(vec![ops::full(&shape, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?]);
+    }
     let (cpg, mpg) = (xs[1] / groups, ws[0] / groups);
     if groups > 1 && cpg == 1 && mpg == 1 {
         // Depthwise: every channel's windows times its own kernel (MLX 0.32.2's grouped CPU

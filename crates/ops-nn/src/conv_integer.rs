@@ -6,7 +6,7 @@
 //! convolved in float32, and the chunks are added in int32. Padding pads the
 //! zero-point-subtracted input with 0, i.e. the input with its zero point, as ORT does.
 
-use crate::window::Window;
+use crate::window::{Window, empty_conv};
 use ep_core::graph::ElemType;
 use ep_core::lowering::{FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -61,6 +61,9 @@ fn integer_conv(
     }
     let kernel = ws[2..].to_vec();
     let window = Window::of(node, &xs[2..], kernel.clone(), false)?;
+    if let Some(shape) = empty_conv(&xs, &ws, &window)? {
+        return Ok(ops::full(&shape, &ops::scalar(0.0, Dtype::I32, s)?, Dtype::I32, s)?);
+    }
     let per_chunk = (EXACT_TERMS / kernel.iter().product::<i64>()).max(0);
     if per_chunk == 0 {
         bail!("kernel {kernel:?} has more than {EXACT_TERMS} products per channel");
@@ -139,6 +142,7 @@ fn lower_qlinear_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Arr
         let a = ops::astype(a, Dtype::F32, s)?;
         Ok(if a.size() > 1 { ops::reshape(&a, &[1, m, 1, 1], s)? } else { ops::reshape(&a, &[], s)? })
     };
+    crate::conv::check_bias(ctx.optional_input(8), m)?;
     if let Some(b) = ctx.optional_input(8) {
         acc = ops::add(&acc, &ops::reshape(b, &[1, m, 1, 1], s)?, s)?;
     }

@@ -247,6 +247,20 @@ fn per_channel(p: &Array, r: usize, s: &Stream) -> Result<Array> {
     Ok(ops::reshape(&f32_of(p, s)?, &shape, s)?)
 }
 
+/// Inputs `params` of a per-channel norm must each be 1-D of the input's channel count (as
+/// ORT's CPU EP requires; broadcasting another shape would answer what it refuses).
+fn check_channel_params(ctx: &LowerCtx<'_>, params: std::ops::Range<usize>) -> Result<()> {
+    let xs = ctx.input(0)?.shape();
+    let c = if xs.len() > 1 { xs[1] } else { xs.first().copied().unwrap_or(1) };
+    for i in params {
+        let p = ctx.input(i)?;
+        if p.ndim() != 1 || p.shape()[0] != c {
+            bail!("input {i} {:?} must be a 1-D tensor of the {c} channels of the input {xs:?}", p.shape());
+        }
+    }
+    Ok(())
+}
+
 fn claim_batch_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 5, 5)?;
     for i in 0..5 {
@@ -266,6 +280,7 @@ fn lower_batch_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
     let s = ctx.stream_for(x.dtype());
     let r = x.ndim();
     let eps = node.attr_float("epsilon", 1e-5)? as f64;
+    check_channel_params(ctx, 1..5)?;
     let p = |i: usize| -> Result<Array> { per_channel(ctx.input(i)?, r, s) };
     let (scale, bias, mean, var) = (p(1)?, p(2)?, p(3)?, p(4)?);
     let inv = ops::rsqrt(&ops::add(&var, &ops::scalar(eps, var.dtype(), s)?, s)?, s)?;
@@ -301,6 +316,7 @@ fn lower_instance_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Ar
     let s = ctx.stream();
     let r = x.ndim();
     let eps = node.attr_float("epsilon", 1e-5)? as f64;
+    check_channel_params(ctx, 1..3)?;
     let axes: Vec<i32> = (2..r as i32).collect();
     let (y, _, _) = standardize(&f32_of(x, s)?, &axes, eps, s)?;
     let y =

@@ -81,6 +81,20 @@ impl Window {
     }
 }
 
+/// For a convolution of `x` `[N, C, *spatial]` by `w` `[M, C/group, *kernel]`: an error when the
+/// input has no channels or an empty spatial axis (as ORT's CPU EP refuses them), and
+/// `Some(shape)` of the empty output when the batch or the output channels are 0 (MLX's CPU
+/// convolution hands BLAS zero-sized matrices, which ends the process).
+pub fn empty_conv(xs: &[i64], ws: &[i64], w: &Window) -> Result<Option<Vec<i64>>> {
+    if xs[1] == 0 || xs[2..].contains(&0) {
+        bail!("invalid input shape {xs:?}: no channels or an empty spatial axis");
+    }
+    if xs[0] == 0 || ws[0] == 0 {
+        return Ok(Some([vec![xs[0], ws[0]], w.out.clone()].concat()));
+    }
+    Ok(None)
+}
+
 /// The windows of a `[N, C, *spatial]` array padded per `w` (with `pad_value`):
 /// `[N, C, out1, k1, out2, k2, ...]`. Each spatial axis is gathered at host-computed tap
 /// positions `o * stride + t * dilation` (MLX 0.32.2 read overlapping strided views wrongly,

@@ -1,7 +1,9 @@
 //! Orderings and rearrangements: Trilu, CumSum, CumProd, ArgMax, ArgMin, TopK, DepthToSpace,
 //! SpaceToDepth.
 
-use ep_core::lowering::{ALL_TYPES, FnLowering, NUMERIC, normalize_axis, require_input_type, require_inputs};
+use ep_core::lowering::{
+    ALL_TYPES, FnLowering, NUMERIC, normalize_axis, require_attr_in, require_input_type, require_inputs,
+};
 use ep_core::mlx::{Array, Dtype, ops};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
 
@@ -62,7 +64,11 @@ const CUMSUM_TYPES: &[ElemType] = &[
 fn claim_cumsum(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 2, 2)?;
     require_input_type(node, 0, CUMSUM_TYPES)?;
-    require_input_type(node, 1, &[ElemType::I32, ElemType::I64])
+    require_input_type(node, 1, &[ElemType::I32, ElemType::I64])?;
+    // ORT's CPU EP refuses any other value when it creates the kernel.
+    require_attr_in(node, "exclusive", 0, &[0, 1])?;
+    require_attr_in(node, "reverse", 0, &[0, 1])?;
+    Ok(())
 }
 
 fn lower_cumsum(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
@@ -80,6 +86,10 @@ fn cumulative(ctx: &mut LowerCtx<'_>, node: &NodeInfo, product: bool) -> Result<
     let exclusive = node.attr_int("exclusive", 0)? == 1;
     let reverse = node.attr_int("reverse", 0)? == 1;
     let s = ctx.stream_for(x.dtype());
+    if x.size() == 0 {
+        // Nothing to accumulate (MLX's scan divides by the axis size).
+        return Ok(vec![x.clone()]);
+    }
     let y = ops::cumulative(x, axis as i32, product, reverse, !exclusive, s)?;
     Ok(vec![ops::astype(&y, x.dtype(), s)?])
 }
@@ -178,7 +188,10 @@ fn lower_topk(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let shape = x.shape();
     let axis = normalize_axis(node.attr_int("axis", -1)?, shape.len())?;
     let k = if node.since_version >= 10 {
-        ctx.host_i64(1)?.first().copied().ok_or("k is empty")?
+        match (ctx.input(1)?.ndim(), &ctx.host_i64(1)?[..]) {
+            (1, &[k]) => k,
+            (_, other) => bail!("k must be a 1-D tensor of one value, not {other:?}"),
+        }
     } else {
         node.attr_int("k", 1)?
     };
@@ -187,11 +200,17 @@ fn lower_topk(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     }
     let largest = node.attr_int("largest", 1)? == 1;
     let s = ctx.stream_for(x.dtype());
+    let mut hi = shape.clone();
+    hi[axis] = k;
+    if hi.contains(&0) {
+        // An empty result (MLX's sort divides by the axis size, which may be 0).
+        let values = ops::full(&hi, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?;
+        let indices = ops::full(&hi, &ops::scalar(0.0, Dtype::I64, s)?, Dtype::I64, s)?;
+        return Ok(vec![values, indices]);
+    }
     // A stable sort keeps equal values in index order, as ORT's TopK does.
     let key = if largest { ops::negative(x, s)? } else { x.clone() };
     let order = ops::argsort_axis(&key, axis as i32, s)?;
-    let mut hi = shape.clone();
-    hi[axis] = k;
     let idx = ops::slice(&order, &vec![0; shape.len()], &hi, s)?;
     let values = ops::take_along_axis(x, &idx, axis as i32, s)?;
     Ok(vec![values, ops::astype(&idx, Dtype::I64, s)?])

@@ -51,6 +51,13 @@ fn claim_range(node: &NodeInfo) -> std::result::Result<(), Decline> {
 
 fn lower_range(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
     let dtype = ctx.input(0)?.dtype();
+    for i in 0..3 {
+        // A scalar or a one-element vector, as ORT's CPU EP requires.
+        let a = ctx.input(i)?;
+        if a.ndim() > 1 || a.size() != 1 {
+            bail!("input {i} of Range must be a scalar, not of shape {:?}", a.shape());
+        }
+    }
     let read = |i: usize| -> Result<f64> {
         ctx.host_f64(i)?.first().copied().ok_or_else(|| Error::new(format!("input {i} of Range is empty")))
     };
@@ -64,7 +71,8 @@ fn lower_range(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
         bail!("the number of elements ({count}) of Range({start}, {limit}, {delta}) is not finite");
     }
     let n = count.max(0.0) as i64;
-    ep_core::lowering::check_shape(&[n], dtype)?;
+    // The positions are counted in int64 first.
+    ep_core::lowering::check_shape(&[n], Dtype::I64)?;
     // start + i * delta, computed in the input type as ONNX does.
     let s = ctx.stream_for(dtype);
     let i = ops::astype(&ops::arange(0.0, n as f64, 1.0, Dtype::I64, s)?, dtype, s)?;

@@ -330,6 +330,12 @@ fn lower_tile(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
     if x.ndim() == 0 {
         return Ok(vec![x.clone()]);
     }
+    let out: Vec<i64> = x.shape().iter().zip(&reps).map(|(&d, &r)| d.saturating_mul(r)).collect();
+    ep_core::lowering::check_shape(&out, x.dtype())?;
+    if out.contains(&0) {
+        // Empty whatever the other repeats (which may be past MLX's sizes).
+        return Ok(vec![ops::full(&out, &ops::scalar(0.0, x.dtype(), ctx.stream())?, x.dtype(), ctx.stream())?]);
+    }
     Ok(vec![ops::tile(x, &reps, ctx.stream())?])
 }
 
