@@ -586,7 +586,7 @@ pub fn generate_shared(
             // bound, not when it runs: a host cache is bound again so each step reads the
             // rows the last one wrote back. (No copy at all where the EP reads host memory.)
             for (past, _, t) in caches.iter() {
-                binding.bind_input(past.as_str(), &*t)?;
+                binding.bind_input(past.as_str(), t)?;
             }
         }
         binding.bind_input("input_ids", &i64_tensor(&[1, seq as i64], ids.clone())?)?;

@@ -96,8 +96,8 @@ pub fn device_tensor(
         return Err("ORT has no shared allocator for the EP's memory".into());
     }
     let mut value = std::ptr::null_mut();
-    // SAFETY: a valid allocator and shape; ORT writes a new value owned by the caller.
     check(
+        // SAFETY: a valid allocator and shape; ORT writes a new value owned by the caller.
         unsafe { (api.CreateTensorAsOrtValue)(allocator, shape.as_ptr(), shape.len(), ty.into(), &mut value) },
         "CreateTensorAsOrtValue",
     )?;
