@@ -540,9 +540,7 @@ pub fn generate(
 /// Greedy generation with one max-length KV buffer per cache, bound through ORT's IOBinding
 /// as both `past_key_values.*` and `present.*` (as onnxruntime-genai binds a shared buffer):
 /// `[1, kv_heads, max_len, head]`, zero at the start, written in place by the model.
-///
-/// With `device`, the buffers are allocated in `device`'s memory (the MLX EP's, on a GPU its
-/// device memory): a decode step then moves only the token, the mask and the logits.
+/// With `device`, the buffers live in that EP device's memory (a step moves token, mask, logits).
 pub fn generate_shared(
     session: &mut Session,
     cfg: &DecoderConfig,
@@ -559,13 +557,10 @@ pub fn generate_shared(
     for i in 0..cfg.layers {
         for kv in ["key", "value"] {
             let shape = [1, cfg.kv_heads, max_len, cfg.head];
+            let zeros = || vec![0.0; shape.iter().product::<i64>() as usize];
             let t = match device {
-                // The EP's allocator hands out zeroed memory.
                 Some(d) => crate::ort_raw::device_tensor(crate::environment()?, d, float_type(cfg), &shape)?,
-                None => {
-                    let zeros = vec![0.0; shape.iter().product::<i64>() as usize];
-                    crate::values::ort_tensor_from_f64(float_type(cfg), &shape, &zeros)?
-                }
+                None => crate::values::ort_tensor_from_f64(float_type(cfg), &shape, &zeros())?,
             };
             caches.push((format!("past_key_values.{i}.{kv}"), format!("present.{i}.{kv}"), t));
         }
@@ -581,13 +576,9 @@ pub fn generate_shared(
     for step in 0..=steps {
         let seq = ids.len();
         total += seq;
-        if device.is_none() && step > 0 {
-            // ORT copies a host value bound as input to an EP's device memory when it is
-            // bound, not when it runs: a host cache is bound again so each step reads the
-            // rows the last one wrote back. (No copy at all where the EP reads host memory.)
-            for (past, _, t) in caches.iter() {
-                binding.bind_input(past.as_str(), t)?;
-            }
+        // ORT copies a bound host input to device memory at bind time: bind it again.
+        for (past, _, t) in caches.iter().filter(|_| device.is_none() && step > 0) {
+            binding.bind_input(past.as_str(), t)?;
         }
         binding.bind_input("input_ids", &i64_tensor(&[1, seq as i64], ids.clone())?)?;
         binding.bind_input("attention_mask", &i64_tensor(&[1, total as i64], vec![1; total])?)?;
@@ -669,8 +660,7 @@ pub fn compare_with(cfg: &DecoderConfig, prompt_len: usize, steps: usize, kv: Kv
             KvStyle::Shared => generate_shared(&mut session, cfg, &prompt, steps, max_len, forced, None)?,
             KvStyle::Device => {
                 let env = crate::environment()?;
-                let device = env.devices().find(|d| d.ep().is_ok_and(|n| n == crate::MLX_EP));
-                let device = if ep == crate::Ep::Mlx { device } else { None };
+                let device = env.devices().find(|d| ep == crate::Ep::Mlx && d.ep().is_ok_and(|n| n == crate::MLX_EP));
                 generate_shared(&mut session, cfg, &prompt, steps, max_len, forced, device.as_ref())?
             }
         };
