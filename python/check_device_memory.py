@@ -7,7 +7,8 @@ one buffer for past and present in the EP's memory (only the changed rows are wr
 provider options: known ones take effect, an unknown key or a bad value fails session creation
 with a message naming it.
 
-Run by `cargo xtask test` with ORT_MLX_EP_LIB pointing at the built plugin."""
+Run by `cargo xtask test` with ORT_MLX_EP_LIB pointing at the built plugin. On a GPU machine
+(`gpu/run.sh`), MLX_EP_BACKEND=cuda (or metal) checks the same on the GPU's own memory."""
 
 import os
 import sys
@@ -20,7 +21,8 @@ import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 EP = "MLXExecutionProvider"
-VENDOR = 0x4D4C  # the EP's memory on MLX's CPU backend
+BACKEND = os.environ.get("MLX_EP_BACKEND", "cpu")  # the MLX backend the device must report
+VENDOR = 0x4D4C  # the EP's memory on MLX's CPU backend; on a GPU, the GPU's vendor id (below)
 FAILED = []
 
 
@@ -59,8 +61,11 @@ def mlp():
 
 
 def device():
+    global VENDOR
     devices = [d for d in ort.get_ep_devices() if d.ep_name == EP]
     assert len(devices) == 1, [d.ep_name for d in ort.get_ep_devices()]
+    if BACKEND != "cpu":
+        VENDOR = devices[0].device.vendor_id
     return devices[0]
 
 
@@ -86,7 +91,7 @@ def on_device(a):
 def test_device_and_memory():
     d = device()
     assert d.ep_metadata.get("mlx.memory") == "device", d.ep_metadata
-    assert d.ep_metadata.get("mlx.backend") == "cpu", d.ep_metadata
+    assert d.ep_metadata.get("mlx.backend") == BACKEND, d.ep_metadata
     info = d.memory_info(ort.OrtDeviceMemoryType.DEFAULT)
     assert info is not None, "the device registers no memory"
     v = on_device(np.arange(6, dtype=np.float32))

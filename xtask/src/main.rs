@@ -7,6 +7,7 @@ mod conformance;
 mod demo;
 mod env;
 mod fuzz;
+mod gpu;
 mod setup;
 mod test;
 mod util;
@@ -41,6 +42,8 @@ commands:
                         shapes, values, types, absent inputs), each in a child process on the CPU EP
                         and the MLX EP; crashes, hangs, wrong answers and spurious errors fail
   fuzz --replay DIR     re-runs a saved fuzz failure (target/fuzz/failures/...)
+  gpu-stage             the release plugin and runners, stripped, and the MLX CUDA runtime in
+                        parts under target/gpu/ for a GPU machine; gpu/run.sh runs there
   wheel [--debug] [--cuda]
                         the Python package (onnxruntime-mlx-ep) as a wheel under target/wheels/
   test                  everything CI runs: setup, build, cargo test, the Python check, the
@@ -65,6 +68,7 @@ fn main() -> ExitCode {
         "conformance" => conformance::run(rest),
         "fuzz" => fuzz::run(rest),
         "wheel" => wheel::run(rest),
+        "gpu-stage" => gpu::stage(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())

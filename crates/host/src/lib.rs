@@ -4,6 +4,7 @@
 //! (through the `mlx-ep-run` binary) and by the end-to-end tests.
 
 pub mod decoder;
+pub mod llm;
 pub mod models;
 mod ort_raw;
 pub mod report;

@@ -49,6 +49,10 @@ impl Default for Options {
 pub struct EpRun {
     pub ep: Ep,
     pub assignment: Vec<Assignment>,
+    /// Session creation (graph partitioning, lowering, weights upload).
+    pub session_ms: f64,
+    /// The first run: on MLX it builds and, with compilation on, compiles the graph.
+    pub first_run_ms: f64,
     pub median_ms: f64,
     pub outputs: Vec<HostTensor>,
 }
@@ -96,7 +100,9 @@ fn within(a: &HostTensor, b: &HostTensor) -> bool {
 }
 
 fn run_on(source: &Source, ep: Ep, opts: &Options) -> Result<(EpRun, Vec<InputDesc>)> {
+    let created = Instant::now();
     let mut session = source.session(ep)?;
+    let session_ms = created.elapsed().as_secs_f64() * 1e3;
     let assignment = assignment(&session)?;
     let inputs = values::random_inputs(&session, &opts.dims, opts.seed)?;
     let described = inputs
@@ -109,8 +115,11 @@ fn run_on(source: &Source, ep: Ep, opts: &Options) -> Result<(EpRun, Vec<InputDe
             (n.clone(), ty, shape)
         })
         .collect();
-    // The first run includes one-time work (weights upload, graph building): not timed.
+    // The first run includes one-time work (graph building, kernel compilation): reported
+    // apart from the steady state.
+    let first = Instant::now();
     let outputs = values::run(&mut session, &inputs)?;
+    let first_run_ms = first.elapsed().as_secs_f64() * 1e3;
     let mut times = Vec::with_capacity(opts.repeat);
     for _ in 0..opts.repeat.max(1) {
         let t = Instant::now();
@@ -119,7 +128,7 @@ fn run_on(source: &Source, ep: Ep, opts: &Options) -> Result<(EpRun, Vec<InputDe
     }
     times.sort_by(f64::total_cmp);
     let median_ms = times[times.len() / 2];
-    Ok((EpRun { ep, assignment, median_ms, outputs }, described))
+    Ok((EpRun { ep, assignment, session_ms, first_run_ms, median_ms, outputs }, described))
 }
 
 /// Runs the model on both EPs and compares them.
@@ -178,6 +187,10 @@ pub fn print(report: &Report) {
     if !report.mlx.assignment.iter().any(|a| a.ep == CPU_EP) {
         println!("  {CPU_EP}: 0 nodes");
     }
+    println!("\nsession creation and first run (one-time work):");
+    for r in [&report.cpu, &report.mlx] {
+        println!("  {}: session {:.1} ms, first run {:.1} ms", r.ep.label(), r.session_ms, r.first_run_ms);
+    }
     println!("\nlatency (median of repeated runs, after one warm-up run):");
     println!("  {CPU_EP}: {:.3} ms", report.cpu.median_ms);
     println!(
@@ -204,6 +217,8 @@ pub fn to_json(report: &Report) -> serde_json::Value {
         json!({
             "ep": r.ep.label(),
             "median_ms": r.median_ms,
+            "session_ms": r.session_ms,
+            "first_run_ms": r.first_run_ms,
             "assignment": r.assignment.iter().map(|a| json!({
                 "ep": a.ep,
                 "nodes": a.nodes.iter().map(|n| json!({"name": n.name, "domain": n.domain, "op_type": n.op_type})).collect::<Vec<_>>(),

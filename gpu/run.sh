@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# gpu/run.sh [SECTION...] - run on the GPU machine, from the checkout's root, after
+# `cargo xtask gpu-stage` laid out target/gpu/ here (see the README, "Measuring on a GPU").
+# Sections (default: check llm cnn):
+#   install  only install the staged parts (the first of the two calls that carry them)
+#   check    the device plumbing on the GPU: python/check_device_memory.py with the GPU backend
+#   llm      the Qwen2.5-0.5B-shaped int4 decoders, fp16 and fp32: ORT's CPU EP, the MLX EP
+#            (KV in the EP's memory, and growing), and the native MLX floor, in one run
+#   cnn      an OCR-style and a YOLO-style detector (gpu/cnn_models.py): CPU EP vs MLX EP,
+#            session, first run and steady state
+# Everything printed also goes to $OUT/log (the device tool brings $OUT back), each report's
+# JSON to $OUT/results.tar.gz.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+out=${OUT:-/tmp/mlx-gpu-out}
+mkdir -p "$out" /tmp/mlx-gpu/json
+log=$out/log
+exec > >(tee -a "$log") 2>&1
+sections=("$@")
+[ ${#sections[@]} -gt 0 ] || sections=(check llm cnn)
+
+# The staged runtime: installed once per machine, then the kept environment.
+if [ -f "$HOME/mlx-stage/.installed" ]; then
+  source "$HOME/mlx-stage/env.sh"
+else
+  parts=(target/gpu/stage/*/)
+  env_line=$(bash "${parts[0]}install.sh" "${parts[@]}" 2>&1 | tail -1)
+  case $env_line in
+    export*) eval "$env_line" ;;
+    *) echo "gpu/run.sh: runtime not complete yet ($env_line)"; exit 3 ;;
+  esac
+fi
+site=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+export ORT_DYLIB_PATH=$site/onnxruntime/capi/libonnxruntime.so.1.31.1
+export ORT_MLX_EP_LIB=$root/target/gpu/bin/libonnxruntime_mlx_ep.so
+export PATH=$root/target/gpu/bin:$PATH PYTHONUNBUFFERED=1
+# MLX keeps JIT-compiled kernels under the temporary directory: one per machine, kept across calls.
+export TMPDIR=${TMPDIR:-/tmp}
+
+section() { echo; echo "===== $* ($(date +%T))"; }
+timed() {  # timed LIMIT_S NAME CMD...: run CMD under a time limit, print its wall time
+  local limit=$1 name=$2; shift 2
+  local t0 rc; t0=$(date +%s%N)
+  timeout "$limit" "$@"; rc=$?
+  echo "----- $name: exit $rc in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+}
+
+for s in "${sections[@]}"; do
+  case $s in
+    install) section "installed"; python3 -c "import mlx.core as mx, onnxruntime as o; print(mx.default_device(), o.__version__)";;
+    check)
+      section "device plumbing on the GPU"
+      nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+      python3 -c "import mlx.core as mx; print('MLX', mx.__version__, mx.default_device())"
+      MLX_EP_BACKEND=cuda timed 300 check_device_memory python3 python/check_device_memory.py ;;
+    llm)
+      for p in qwen2.5-0.5b-fp16 qwen2.5-0.5b; do
+        section "decoder $p, KV in the EP's memory"
+        timed 240 "llm $p device" mlx-ep-run llm --preset "$p" --kv device --prompt 128 --steps 32 \
+          --json "/tmp/mlx-gpu/json/llm-$p-device.json"
+        section "native MLX floor $p"
+        timed 120 "native $p" mlx-ep-bench native --preset "$p" --prompt 128 --steps 32 \
+          --json "/tmp/mlx-gpu/json/native-$p.json"
+      done
+      for p in qwen2.5-0.5b qwen2.5-0.5b-fp16; do
+        section "decoder $p, growing KV"
+        timed 150 "llm $p growing" mlx-ep-run llm --preset "$p" --kv growing --prompt 128 --steps 32 \
+          --json "/tmp/mlx-gpu/json/llm-$p-growing.json"
+      done ;;
+    cnn)
+      section "CNN models"
+      timed 300 export python3 gpu/cnn_models.py /tmp/mlx-gpu/models
+      for m in ocr_det yolo_det; do
+        section "$m (first process)"
+        timed 400 "$m" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 --json "/tmp/mlx-gpu/json/$m-1.json"
+        section "$m (second process: kernels cached)"
+        timed 400 "$m again" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 --json "/tmp/mlx-gpu/json/$m-2.json"
+      done ;;
+    *) echo "gpu/run.sh: unknown section '$s'"; exit 2 ;;
+  esac
+done
+tar -C /tmp/mlx-gpu -czf "$out/results.tar.gz" json
