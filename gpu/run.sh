@@ -8,6 +8,8 @@
 #            (KV in the EP's memory, and growing), and the native MLX floor, in one run
 #   cnn      an OCR-style and a YOLO-style detector (gpu/cnn_models.py): CPU EP vs MLX EP,
 #            session, first run and steady state
+#   profile  the fp32 decoder (KV in the EP's memory, then growing) with the EP's verbose
+#            summary (time per phase, bytes copied), and the fp16 one with per-step progress
 # Everything printed also goes to $OUT/log (the device tool brings $OUT back), each report's
 # JSON to $OUT/results.tar.gz.
 set -uo pipefail
@@ -73,10 +75,19 @@ for s in "${sections[@]}"; do
       timed 300 export python3 gpu/cnn_models.py /tmp/mlx-gpu/models
       for m in ocr_det yolo_det; do
         section "$m (first process)"
-        timed 400 "$m" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 --json "/tmp/mlx-gpu/json/$m-1.json"
+        timed 200 "$m" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 --json "/tmp/mlx-gpu/json/$m-1.json"
         section "$m (second process: kernels cached)"
-        timed 400 "$m again" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 --json "/tmp/mlx-gpu/json/$m-2.json"
+        timed 100 "$m again" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 --json "/tmp/mlx-gpu/json/$m-2.json"
       done ;;
+    profile)
+      for kv in device growing; do
+        section "profile: fp32 decoder, KV $kv, verbose"
+        ONNXRUNTIME_EP_MLX_VERBOSE=1 timed 150 "profile fp32 $kv" mlx-ep-run llm --preset qwen2.5-0.5b \
+          --kv "$kv" --prompt 128 --steps 32 --json "/tmp/mlx-gpu/json/profile-fp32-$kv.json"
+      done
+      section "profile: fp16 decoder, KV in the EP's memory, per step"
+      MLX_EP_RUN_PROGRESS=1 ONNXRUNTIME_EP_MLX_VERBOSE=1 timed 200 "profile fp16 device" mlx-ep-run llm \
+        --preset qwen2.5-0.5b-fp16 --kv device --prompt 128 --steps 32 --json "/tmp/mlx-gpu/json/profile-fp16-device.json" ;;
     *) echo "gpu/run.sh: unknown section '$s'"; exit 2 ;;
   esac
 done

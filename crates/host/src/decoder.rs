@@ -450,6 +450,10 @@ impl Generation {
     /// Records a step (the prefill is step 0): its time, its last logits and greedy token;
     /// returns the token to feed next (`forced[step]` under teacher forcing).
     pub fn record(&mut self, step: usize, ms: f64, last: Vec<f32>, forced: Option<&[i64]>) -> i64 {
+        // Progress on long runs (a cold GPU compiles kernels for minutes): MLX_EP_RUN_PROGRESS=1.
+        if std::env::var_os("MLX_EP_RUN_PROGRESS").is_some() {
+            eprintln!("  step {step}: {ms:.1} ms");
+        }
         if step == 0 {
             self.prefill_ms = ms;
         } else {

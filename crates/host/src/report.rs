@@ -175,7 +175,10 @@ pub fn print(report: &Report) {
         if ep == MLX_EP {
             println!("  {ep}: {count} node(s) in {} partition(s)", groups.len());
             for (i, g) in groups.iter().enumerate() {
-                println!("    partition {}: {}", i + 1, g.join(", "));
+                // Long partitions are shown by their first nodes (the JSON report lists all).
+                let shown = g.iter().take(12).cloned().collect::<Vec<_>>().join(", ");
+                let more = if g.len() > 12 { format!(", ... ({} more)", g.len() - 12) } else { String::new() };
+                println!("    partition {}: {shown}{more}", i + 1);
             }
         } else {
             println!("  {ep}: {count} node(s)");

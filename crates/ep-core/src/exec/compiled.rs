@@ -68,6 +68,11 @@ impl CompiledCache {
         Ok(traced)
     }
 
+    /// Whether a closure for `key` is cached.
+    pub(super) fn contains(&self, key: &InputKey) -> bool {
+        self.entries.iter().any(|(k, _)| k == key)
+    }
+
     pub(super) fn clear(&mut self) {
         self.entries.clear();
     }

@@ -253,9 +253,12 @@ impl Plan {
         // MLX's compiled broadcasting gets size-0 operands wrong (a [5, 0] * [5, 1] product came
         // out [5, 1]): empty tensors, which cost nothing to run, run eagerly.
         let empty = inputs.iter().any(|a| a.shape().contains(&0));
+        // Shapes already compiled exactly (a prompt length seen before) replay that closure;
+        // the decode slot takes the others while dimensions grow.
         if mode == Mode::ShapeKeyed
             && !empty
             && let Some(key) = self.decode_key(&inputs)
+            && !self.cache.lock().unwrap_or_else(|p| p.into_inner()).contains(&exact_key(&inputs))
         {
             match jit_retry(|| self.run_decode(&inputs, key.clone())) {
                 Ok(Applied::Ran(run)) => return Ok(run),
@@ -310,6 +313,11 @@ impl Plan {
             .map_err(|e| Error::new(format!("partition {}: {e}", self.translation.name)))?;
         Ok(())
     }
+}
+
+/// The shape-keyed slot's key: each input's dtype and exact shape.
+fn exact_key(inputs: &[Array]) -> compiled::InputKey {
+    inputs.iter().map(|a| (a.dtype(), a.shape())).collect()
 }
 
 fn choose_mode(nodes: &[PlanNode], compile: bool) -> Mode {

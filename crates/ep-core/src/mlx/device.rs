@@ -79,6 +79,11 @@ pub fn is_cuda() -> bool {
 pub fn settle(device: Device, tf32: Option<bool>) -> Result<()> {
     init();
     let mut settled = SETTLED.lock().unwrap_or_else(|p| p.into_inner());
+    if device == Device::Auto && settled.device.is_none() {
+        // The first session's `auto` settles what MLX's default is, so a later session asking
+        // for the other device is refused like any conflict.
+        settled.device = Some(if default_device_is_gpu() { Device::Gpu } else { Device::Cpu });
+    }
     if device != Device::Auto {
         match settled.device {
             Some(d) if d != device => {
@@ -175,6 +180,24 @@ pub fn cache_memory() -> Result<usize> {
     // SAFETY: writes one usize.
     check(unsafe { mlx_sys::mlx_get_cache_memory(&mut n) })?;
     Ok(n)
+}
+
+/// MLX's memory figures: bytes held by live arrays, by the buffer cache, and the peak of the
+/// first since the process started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    pub active: usize,
+    pub cache: usize,
+    pub peak: usize,
+}
+
+pub fn memory_stats() -> Result<MemoryStats> {
+    init();
+    let (mut active, mut peak) = (0usize, 0usize);
+    // SAFETY: each call writes one usize.
+    check(unsafe { mlx_sys::mlx_get_active_memory(&mut active) })?;
+    check(unsafe { mlx_sys::mlx_get_peak_memory(&mut peak) })?;
+    Ok(MemoryStats { active, cache: cache_memory()?, peak })
 }
 
 /// A block of MLX memory that ORT places tensors in: one evaluated `uint8` array, kept alive

@@ -279,3 +279,23 @@ pub(crate) fn tensor_bytes(value: *const OrtValue) -> Result<(*mut u8, usize)> {
     }
     Ok((data.cast(), size))
 }
+
+/// `OrtMlxEp_GetMemoryStats`: MLX's active, cache and peak bytes into `values`.
+///
+/// # Safety
+/// `values` must point to `capacity` writable `u64`s.
+pub unsafe fn memory_stats(values: *mut u64, capacity: usize) -> usize {
+    guard_value(0, || {
+        let Ok(s) = crate::mlx::device::memory_stats() else { return 0 };
+        if values.is_null() {
+            return 0;
+        }
+        let figures = [s.active, s.cache, s.peak];
+        let n = capacity.min(figures.len());
+        for (i, v) in figures.iter().take(n).enumerate() {
+            // SAFETY: i < capacity, which the caller vouches for.
+            unsafe { *values.add(i) = *v as u64 };
+        }
+        n
+    })
+}

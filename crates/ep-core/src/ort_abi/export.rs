@@ -1,6 +1,8 @@
-//! [`export_plugin!`]: defines the two C functions ORT looks up in a plugin library.
+//! [`export_plugin!`]: defines the two C functions ORT looks up in a plugin library, and the
+//! plugin's own diagnostics entry (`OrtMlxEp_GetMemoryStats`).
 
-/// Defines `CreateEpFactories` and `ReleaseEpFactory` in the calling `cdylib` crate.
+/// Defines `CreateEpFactories`, `ReleaseEpFactory` and `OrtMlxEp_GetMemoryStats` in the
+/// calling `cdylib` crate.
 ///
 /// Each argument is an expression evaluated on every `CreateEpFactories` call before the
 /// factory is created: an [`crate::registry::Family`] (an op crate's `link()`) or a `Vec` of
@@ -46,6 +48,18 @@ macro_rules! export_plugin {
         ) -> $crate::ort_sys::OrtStatusPtr {
             // SAFETY: forwarded unchanged from ONNX Runtime.
             unsafe { $crate::ort_abi::factory::release_ep_factory(factory) }
+        }
+
+        /// MLX's memory figures, for monitoring (the soak test reads them through `ctypes`):
+        /// writes up to `capacity` of [bytes in live arrays, bytes in MLX's buffer cache, peak
+        /// of the first] to `values` and returns how many it wrote (0 on failure).
+        ///
+        /// # Safety
+        /// `values` must point to `capacity` writable `u64`s (or be null with `capacity` 0).
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn OrtMlxEp_GetMemoryStats(values: *mut u64, capacity: usize) -> usize {
+            // SAFETY: forwarded unchanged from the caller.
+            unsafe { $crate::ort_abi::device::memory_stats(values, capacity) }
         }
     };
 }

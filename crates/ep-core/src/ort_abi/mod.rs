@@ -13,7 +13,7 @@ pub(crate) mod boundary;
 pub(crate) mod compute;
 mod copy_in;
 mod copy_out;
-pub(crate) mod device;
+pub mod device;
 pub(crate) mod ep;
 mod export;
 pub mod factory;
