@@ -47,12 +47,7 @@ pub fn stage(args: &[String]) -> Result {
         util::run(Command::new("strip").arg("-o").arg(&to).arg(&from))?;
     }
     step("laying out the MLX CUDA runtime in parts (stage.sh)");
-    util::run(
-        Command::new("bash")
-            .arg(&stage_sh)
-            .arg(gpu.join("stage"))
-            .env("PYTHON", util::venv_python()),
-    )?;
+    util::run(Command::new("bash").arg(&stage_sh).arg(gpu.join("stage")).env("PYTHON", util::venv_python()))?;
     let size = |p: &PathBuf| -> u64 {
         std::fs::read_dir(p).map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum()).unwrap_or(0)
     };

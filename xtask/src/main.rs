@@ -9,6 +9,7 @@ mod env;
 mod fuzz;
 mod gpu;
 mod setup;
+mod soak;
 mod test;
 mod util;
 mod wheel;
@@ -42,6 +43,9 @@ commands:
                         shapes, values, types, absent inputs), each in a child process on the CPU EP
                         and the MLX EP; crashes, hangs, wrong answers and spurious errors fail
   fuzz --replay DIR     re-runs a saved fuzz failure (target/fuzz/failures/...)
+  soak [--runs N] [--cycles N] [--shape-runs N] [--shapes N] [--tolerance F] [--short]
+                        soak and churn: one session run 10,000 times, 100 session cycles, 2,000
+                        runs over 50 shapes; RSS and MLX memory sampled, flat within 5%
   gpu-stage             the release plugin and runners, stripped, and the MLX CUDA runtime in
                         parts under target/gpu/ for a GPU machine; gpu/run.sh runs there
   wheel [--debug] [--cuda]
@@ -67,6 +71,7 @@ fn main() -> ExitCode {
         "test" => test::run(rest),
         "conformance" => conformance::run(rest),
         "fuzz" => fuzz::run(rest),
+        "soak" => soak::run(rest),
         "wheel" => wheel::run(rest),
         "gpu-stage" => gpu::stage(rest),
         "-h" | "--help" | "help" => {

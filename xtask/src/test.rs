@@ -3,7 +3,7 @@
 //! workspace build, `cargo test --workspace`, the property suite at a bounded case count, the
 //! ONNX node tests and model suites (no test on the committed passing list may fail), the
 //! Python checks against the wheel's ORT (the plugin, the installed wheel, bad input,
-//! concurrency, quantized transformers, the EP's memory as a device).
+//! concurrency, quantized transformers, the EP's memory as a device, soak and churn).
 
 use crate::setup;
 use crate::util::{self, Result, step};
@@ -58,6 +58,7 @@ pub fn run(args: &[String]) -> Result {
         ("Bad input: every case in a child process, errors as the CPU EP raises them", "check_bad_input.py"),
         ("Concurrent runs: one session on 4 threads, 4 sessions, churn", "check_concurrency.py"),
         ("The EP's memory as a device: allocator, data transfer, IOBinding, options", "check_device_memory.py"),
+        ("Soak and churn: 10,000 runs, 100 session cycles, 50 shapes; memory flat", "check_soak.py"),
         ("Dynamically quantized T5/BERT models against the CPU EP", "check_quantized_models.py"),
     ] {
         step(what);

@@ -18,6 +18,8 @@ pub enum Kind {
     Switch,
     /// A byte count: digits with an optional `K`, `M` or `G` suffix (powers of 1024).
     Bytes,
+    /// A count: a whole number of at least 1.
+    Count,
     /// A file path.
     Path,
     /// One of the listed words.
@@ -57,6 +59,7 @@ impl Setting {
         let ok = match self.kind {
             Kind::Switch => parse_switch(value).is_some(),
             Kind::Bytes => parse_bytes(value).is_some(),
+            Kind::Count => value.parse::<usize>().is_ok_and(|n| n >= 1),
             Kind::Path => !value.is_empty(),
             Kind::Choice(words) => words.contains(&value),
         };
@@ -66,6 +69,7 @@ impl Setting {
         let expected = match self.kind {
             Kind::Switch => "1/0, true/false, on/off or yes/no".to_owned(),
             Kind::Bytes => "a byte count such as 4096, 512M or 8G (0: MLX's default)".to_owned(),
+            Kind::Count => "a whole number of at least 1".to_owned(),
             Kind::Path => "a file path".to_owned(),
             Kind::Choice(words) => format!("one of {}", words.join(", ")),
         };
@@ -135,9 +139,27 @@ pub const CACHE_LIMIT: Setting = Setting {
     key: Some("cache_limit"),
     env: "ONNXRUNTIME_EP_MLX_CACHE_LIMIT",
     kind: Kind::Bytes,
-    default: "0",
+    default: "1G",
     process_wide: true,
-    doc: "the most memory MLX's buffer cache keeps for reuse after arrays are freed. `0` keeps MLX's default",
+    doc: "the most memory MLX's buffer cache keeps for reuse after arrays are freed (MLX's own default is its memory limit); the default applies once per process, an explicit value on every session that gives it. `0` keeps MLX's default",
+};
+
+pub const COMPILED_CACHE: Setting = Setting {
+    key: Some("compiled_cache"),
+    env: "ONNXRUNTIME_EP_MLX_COMPILED_CACHE",
+    kind: Kind::Count,
+    default: "8",
+    process_wide: false,
+    doc: "compiled closures each partition keeps, one per input-shape key (and as many for the decode slot); the least recently used is dropped first",
+};
+
+pub const KERNEL_CACHE: Setting = Setting {
+    key: Some("kernel_cache"),
+    env: "ONNXRUNTIME_EP_MLX_KERNEL_CACHE",
+    kind: Kind::Path,
+    default: "",
+    process_wide: true,
+    doc: "where MLX's CUDA backend keeps the kernels it JIT-compiles, so a later process (after a reboot too) skips compiling them: unset means `$XDG_CACHE_HOME/onnxruntime-mlx-ep/kernels` (else `~/.cache/...`), unless `MLX_PTX_CACHE_DIR` is set. Settled by the first session",
 };
 
 pub const VERBOSE: Setting = Setting {
@@ -192,6 +214,8 @@ pub const ALL: &[&Setting] = &[
     &COMPILE,
     &MEMORY_LIMIT,
     &CACHE_LIMIT,
+    &COMPILED_CACHE,
+    &KERNEL_CACHE,
     &VERBOSE,
     &CLAIM_DEBUG,
     &TRACE,
@@ -219,6 +243,11 @@ pub struct Options {
     pub compile: bool,
     pub memory_limit: Option<u64>,
     pub cache_limit: Option<u64>,
+    /// Whether `cache_limit` was given (option or variable) rather than the default.
+    pub cache_limit_explicit: bool,
+    pub compiled_cache: usize,
+    /// Where MLX's CUDA kernels are cached; `None`: the user's cache directory.
+    pub kernel_cache: Option<PathBuf>,
     pub verbose: bool,
     pub claim_debug: bool,
     pub trace: Option<PathBuf>,
@@ -259,12 +288,16 @@ impl Options {
             _ => Device::Auto,
         };
         let trace = value(&TRACE)?;
+        let kernel_cache = value(&KERNEL_CACHE)?;
         Ok(Options {
             device,
             tf32: explicit(&TF32)?.and_then(|v| parse_switch(&v)),
             compile: switch(&COMPILE)?,
             memory_limit: bytes(&MEMORY_LIMIT)?,
             cache_limit: bytes(&CACHE_LIMIT)?,
+            cache_limit_explicit: explicit(&CACHE_LIMIT)?.is_some(),
+            compiled_cache: value(&COMPILED_CACHE)?.parse().unwrap_or(8),
+            kernel_cache: (!kernel_cache.is_empty()).then(|| PathBuf::from(kernel_cache)),
             verbose: switch(&VERBOSE)?,
             claim_debug: switch(&CLAIM_DEBUG)?,
             trace: (!trace.is_empty()).then(|| PathBuf::from(trace)),
@@ -321,7 +354,9 @@ mod tests {
             assert!(!o.compile);
             assert_eq!(o.tf32, Some(true));
             assert_eq!(o.memory_limit, Some(512 << 20));
-            assert_eq!(o.cache_limit, None);
+            assert_eq!(o.cache_limit, Some(1 << 30));
+            assert!(!o.cache_limit_explicit);
+            assert_eq!(o.compiled_cache, 8);
             assert_eq!(o.device, Device::Cpu);
             assert_eq!(o.trace, Some(PathBuf::from("/tmp/t.json")));
         }

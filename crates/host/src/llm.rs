@@ -56,13 +56,14 @@ pub fn compare_with(cfg: &DecoderConfig, prompt_len: usize, steps: usize, kv: Kv
         let assignment = crate::assignment(&session)?;
         let once = |session: &mut ort::session::Session| -> Result<Generation> {
             match kv {
-            KvStyle::Growing => generate(session, cfg, &prompt, steps, forced),
-            KvStyle::Shared => generate_shared(session, cfg, &prompt, steps, max_len, forced, None),
-            KvStyle::Device => {
-                let env = crate::environment()?;
-                let device = env.devices().find(|d| ep == crate::Ep::Mlx && d.ep().is_ok_and(|n| n == crate::MLX_EP));
-                generate_shared(session, cfg, &prompt, steps, max_len, forced, device.as_ref())
-            }
+                KvStyle::Growing => generate(session, cfg, &prompt, steps, forced),
+                KvStyle::Shared => generate_shared(session, cfg, &prompt, steps, max_len, forced, None),
+                KvStyle::Device => {
+                    let env = crate::environment()?;
+                    let device =
+                        env.devices().find(|d| ep == crate::Ep::Mlx && d.ep().is_ok_and(|n| n == crate::MLX_EP));
+                    generate_shared(session, cfg, &prompt, steps, max_len, forced, device.as_ref())
+                }
             }
         };
         // The first generation carries the one-time work (graph building, kernel
@@ -124,12 +125,7 @@ pub fn print(r: &LlmReport) {
             g.median_step_ms(),
             g.decode_tokens_per_s()
         );
-        println!(
-            "  {:<24} first generation {:>8.1} ms (prefill {:.1} ms)",
-            "",
-            g.cold_total_ms,
-            g.cold_prefill_ms
-        );
+        println!("  {:<24} first generation {:>8.1} ms (prefill {:.1} ms)", "", g.cold_total_ms, g.cold_prefill_ms);
     }
     println!(
         "  greedy tokens agree: {}/{}; largest logit difference {:.2e}",

@@ -43,11 +43,18 @@ pub(super) fn jit_retry<T>(mut attempt: impl FnMut() -> Result<T>) -> Result<T> 
 /// for shapeless closures).
 pub(super) type InputKey = Vec<(Dtype, Vec<i64>)>;
 
-/// Compiled closures by input key, at most [`COMPILED_CACHE_CAPACITY`], least recently used
+/// Compiled closures by input key, at most the capacity (by default
+/// [`COMPILED_CACHE_CAPACITY`]; the `compiled_cache` option), least recently used
 /// first (the one bounded cache of compiled closures, for the general and the decode slot).
-#[derive(Default)]
 pub(super) struct CompiledCache {
     entries: VecDeque<(InputKey, Traced)>,
+    capacity: usize,
+}
+
+impl Default for CompiledCache {
+    fn default() -> Self {
+        CompiledCache { entries: VecDeque::new(), capacity: COMPILED_CACHE_CAPACITY }
+    }
 }
 
 impl CompiledCache {
@@ -61,11 +68,19 @@ impl CompiledCache {
             return Ok(traced);
         }
         let traced = compile()?;
-        if self.entries.len() >= COMPILED_CACHE_CAPACITY {
+        while self.entries.len() >= self.capacity {
             self.entries.pop_front();
         }
         self.entries.push_back((key, traced.clone()));
         Ok(traced)
+    }
+
+    /// Keeps at most `capacity` closures (at least one), dropping the oldest beyond it.
+    pub(super) fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity.max(1);
+        while self.entries.len() > self.capacity {
+            self.entries.pop_front();
+        }
     }
 
     /// Whether a closure for `key` is cached.

@@ -36,7 +36,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use translate::{Built, TraceMode, Translation, Verdict, inexact_in_kernels};
 
-/// How many shape keys a shape-keyed partition keeps compiled closures for.
+/// How many shape keys a shape-keyed partition keeps compiled closures for, unless the
+/// `compiled_cache` option says otherwise.
 pub const COMPILED_CACHE_CAPACITY: usize = 8;
 
 /// Where a node input or a partition output comes from, resolved once when the plan is built.
@@ -206,6 +207,13 @@ impl Plan {
             cache: Mutex::new(CompiledCache::default()),
             decode: Mutex::new(DecodeState::default()),
         })
+    }
+
+    /// Keeps at most `capacity` compiled closures in each of the plan's slots.
+    pub fn with_cache_capacity(self, capacity: usize) -> Plan {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).set_capacity(capacity);
+        self.decode.lock().unwrap_or_else(|p| p.into_inner()).cache.set_capacity(capacity);
+        self
     }
 
     pub fn name(&self) -> &str {

@@ -155,6 +155,50 @@ fn name(d: Device) -> &'static str {
     }
 }
 
+/// The variable MLX's CUDA backend reads (at its first JIT compilation) for its kernel cache.
+const MLX_KERNEL_CACHE_VARIABLE: &str = "MLX_PTX_CACHE_DIR";
+
+/// Points MLX's CUDA kernel cache at `dir` (or the user's cache directory) unless the
+/// environment already names one. The first call decides; a later call asking for another
+/// directory is an error, since MLX reads it once per process.
+pub fn settle_kernel_cache(dir: Option<&std::path::Path>) -> Result<()> {
+    static CHOSEN: Mutex<Option<std::path::PathBuf>> = Mutex::new(None);
+    let mut chosen = CHOSEN.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(current) = chosen.as_ref() {
+        return match dir {
+            Some(d) if d != current => Err(MlxError(format!(
+                "option kernel_cache={} conflicts with {} chosen by an earlier session: MLX reads it once per process",
+                d.display(),
+                current.display()
+            ))),
+            _ => Ok(()),
+        };
+    }
+    let from_env = std::env::var_os(MLX_KERNEL_CACHE_VARIABLE).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
+    let dir = match (from_env, dir) {
+        (Some(env), _) => env,
+        (None, Some(d)) => d.to_path_buf(),
+        (None, None) => {
+            let base = std::env::var_os("XDG_CACHE_HOME")
+                .filter(|v| !v.is_empty())
+                .map(std::path::PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")));
+            match base {
+                Some(b) => b.join("onnxruntime-mlx-ep").join("kernels"),
+                // No home: MLX's own default (the temporary directory) stays.
+                None => return Ok(()),
+            }
+        }
+    };
+    if std::env::var_os(MLX_KERNEL_CACHE_VARIABLE).is_none() {
+        // SAFETY: set once, under CHOSEN's lock, before this plugin has run MLX work; MLX
+        // reads the variable at its first kernel compilation.
+        unsafe { std::env::set_var(MLX_KERNEL_CACHE_VARIABLE, &dir) };
+    }
+    *chosen = Some(dir);
+    Ok(())
+}
+
 /// Sets MLX's memory limit (bytes); returns the previous one.
 pub fn set_memory_limit(bytes: usize) -> Result<usize> {
     init();
@@ -194,8 +238,9 @@ pub struct MemoryStats {
 pub fn memory_stats() -> Result<MemoryStats> {
     init();
     let (mut active, mut peak) = (0usize, 0usize);
-    // SAFETY: each call writes one usize.
+    // SAFETY: writes one usize.
     check(unsafe { mlx_sys::mlx_get_active_memory(&mut active) })?;
+    // SAFETY: writes one usize.
     check(unsafe { mlx_sys::mlx_get_peak_memory(&mut peak) })?;
     Ok(MemoryStats { active, cache: cache_memory()?, peak })
 }

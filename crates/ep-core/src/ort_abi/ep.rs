@@ -102,11 +102,22 @@ fn session_entries(session_options: *const OrtSessionOptions) -> Result<Vec<(Str
 /// first session, an error when a later one contradicts them) and the memory limits.
 fn apply_process_options(options: &Options) -> Result<()> {
     crate::mlx::device::settle(options.device, options.tf32)?;
+    crate::mlx::device::settle_kernel_cache(options.kernel_cache.as_deref())?;
     if let Some(limit) = options.memory_limit {
         crate::mlx::device::set_memory_limit(usize::try_from(limit).unwrap_or(usize::MAX))?;
     }
+    // The default cache limit is applied by the first session only, so it never undoes a
+    // limit an earlier session gave explicitly.
+    static DEFAULT_CACHE_LIMIT: std::sync::Once = std::sync::Once::new();
     if let Some(limit) = options.cache_limit {
-        crate::mlx::device::set_cache_limit(usize::try_from(limit).unwrap_or(usize::MAX))?;
+        let set = || crate::mlx::device::set_cache_limit(usize::try_from(limit).unwrap_or(usize::MAX)).map(|_| ());
+        if options.cache_limit_explicit {
+            set()?;
+        } else {
+            let mut result = Ok(());
+            DEFAULT_CACHE_LIMIT.call_once(|| result = set());
+            result?;
+        }
     }
     Ok(())
 }
@@ -356,6 +367,7 @@ fn build_plan(ep: &Ep, graph: *const OrtGraph, fused_node: *const OrtNode) -> Re
         Arc::clone(&ep.stats),
         ep.options.compile,
     )
+    .map(|plan| plan.with_cache_capacity(ep.options.compiled_cache))
 }
 
 unsafe extern "system" fn release_node_compute_infos(
