@@ -8,6 +8,9 @@
 #            (KV in the EP's memory, and growing), and the native MLX floor, in one run
 #   cnn      an OCR-style and a YOLO-style detector (gpu/cnn_models.py): CPU EP vs MLX EP,
 #            session, first run and steady state
+#   soak     python/check_soak.py on the GPU (memory flat over runs, sessions and shapes)
+#   tune     the fp16 decoder's steady decode under MLX's CUDA batching settings
+#            (MLX_MAX_OPS_PER_BUFFER, MLX_USE_CUDA_GRAPHS), after one run that compiles
 #   profile  the fp32 decoder (KV in the EP's memory, then growing) with the EP's verbose
 #            summary (time per phase, bytes copied), and the fp16 one with per-step progress
 # Everything printed also goes to $OUT/log (the device tool brings $OUT back), each report's
@@ -79,10 +82,24 @@ for s in "${sections[@]}"; do
         section "$m (second process: kernels cached)"
         timed 100 "$m again" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 --json "/tmp/mlx-gpu/json/$m-2.json"
       done ;;
+    soak)
+      section "soak and churn on the GPU"
+      timed 300 soak python3 python/check_soak.py --json /tmp/mlx-gpu/json/soak.json ;;
+    tune)
+      for setting in default MLX_MAX_OPS_PER_BUFFER=100 MLX_MAX_OPS_PER_BUFFER=1000 MLX_USE_CUDA_GRAPHS=0; do
+        section "tune: fp16 decoder, KV in the EP's memory, $setting"
+        name=${setting//=/-}
+        if [ "$setting" = default ]; then env_set=(); else env_set=("$setting"); fi
+        timed 200 "tune $setting" env "${env_set[@]}" mlx-ep-run llm --preset qwen2.5-0.5b-fp16 --kv device \
+          --prompt 128 --steps 32 --json "/tmp/mlx-gpu/json/tune-$name.json"
+      done
+      section "tune: native MLX floor, fp16 (same run)"
+      timed 120 "native fp16" mlx-ep-bench native --preset qwen2.5-0.5b-fp16 --prompt 128 --steps 32 \
+        --json /tmp/mlx-gpu/json/tune-native.json ;;
     profile)
       for kv in device growing; do
         section "profile: fp32 decoder, KV $kv, verbose"
-        ONNXRUNTIME_EP_MLX_VERBOSE=1 timed 150 "profile fp32 $kv" mlx-ep-run llm --preset qwen2.5-0.5b \
+        MLX_EP_RUN_PROGRESS=1 ONNXRUNTIME_EP_MLX_VERBOSE=1 timed 150 "profile fp32 $kv" mlx-ep-run llm --preset qwen2.5-0.5b \
           --kv "$kv" --prompt 128 --steps 32 --json "/tmp/mlx-gpu/json/profile-fp32-$kv.json"
       done
       section "profile: fp16 decoder, KV in the EP's memory, per step"
