@@ -12,8 +12,9 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 /// The decode slot of a shape-keyed partition: which input dimensions grow from run to run
-/// (they increased between two consecutive runs in which nothing shrank: a KV cache's
-/// length, an attention mask's), and the shapeless closures that replay across them.
+/// (they increased between two consecutive runs in which nothing shrank, or in the first
+/// such pair at all: a KV cache's length, an attention mask's), and the shapeless closures
+/// that replay across them.
 #[derive(Default)]
 pub(super) struct DecodeState {
     pub(super) last: Option<Vec<Vec<i64>>>,
@@ -96,7 +97,12 @@ impl Plan {
             && last.iter().zip(&shapes).all(|(a, b)| a.len() == b.len())
         {
             let shrank = last.iter().zip(&shapes).any(|(a, b)| a.iter().zip(b).any(|(x, y)| y < x));
-            if !shrank {
+            // The first growth may come with a shrink (a prompt, then the first decode step:
+            // the tokens shrink to one while the mask and the caches grow), so the first
+            // step already replays the decode slot's closure; later, a shrink is a new start
+            // (the next prompt) and marks nothing.
+            let first = !st.growing.iter().flatten().any(|g| *g);
+            if !shrank || first {
                 for (i, (a, b)) in last.iter().zip(&shapes).enumerate() {
                     for (d, (x, y)) in a.iter().zip(b).enumerate() {
                         if y > x {
