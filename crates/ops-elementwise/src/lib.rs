@@ -12,6 +12,7 @@ mod activation;
 mod binary;
 mod cast;
 mod select;
+mod shrink;
 mod unary;
 mod variadic;
 
