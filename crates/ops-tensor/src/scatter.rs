@@ -100,6 +100,19 @@ ep_core::register_lowering!(
     }
 );
 
+// The deprecated opset 9-10 form: ScatterElements without `reduction`.
+ep_core::register_lowering!(
+    SCATTER = FnLowering {
+        domain: "",
+        op: "Scatter",
+        opsets: 9..=10,
+        claim: claim_scatter,
+        lower: lower_scatter_elements,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
 fn lower_scatter_nd(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let (data, idx, upd) = (ctx.input(0)?.clone(), ctx.input(1)?.clone(), ctx.input(2)?.clone());
     let (data, idx, upd) = (&data, &idx, &upd);
@@ -167,16 +180,19 @@ mod spec {
         }
     }
 
-    register_spec!(super::SCATTER_ELEMENTS, || {
+    register_spec!(super::SCATTER_ELEMENTS, || scatter_elements("ScatterElements", 13..=22));
+    register_spec!(super::SCATTER, || scatter_elements("Scatter", 9..=10));
+
+    fn scatter_elements(op: &'static str, versions: std::ops::RangeInclusive<u32>) -> BoxedStrategy<Case> {
         (
             select(&[DType::F32, DType::I64][..]),
             nonempty_shape(1..=3),
             any::<prop::sample::Index>(),
             0..5usize,
-            opset(13..=22),
+            opset(versions),
             seed(),
         )
-            .prop_map(|(t, s, pick, red, v, seed)| {
+            .prop_map(move |(t, s, pick, red, v, seed)| {
                 let axis = pick.index(s.len());
                 let reduction = reduction_at(v, red);
                 // Distinct targets along the axis for each position (a rotation), so even
@@ -192,7 +208,7 @@ mod spec {
                         if (e + seed as i64) % 3 == 0 { (t - s[axis]) as f64 } else { t as f64 }
                     })
                     .collect();
-                let case = Case::op("ScatterElements", v)
+                let case = Case::op(op, v)
                     .input("x", t, &s)
                     .input_with("idx", DType::I64, &is, Values::Data(data))
                     .input("upd", t, &is)
@@ -204,7 +220,7 @@ mod spec {
                 case.output("y", t, &s).with_seed(seed)
             })
             .boxed()
-    });
+    }
 
     register_spec!(super::SCATTER_ND, || {
         (select(&[DType::F32, DType::I64][..]), nonempty_shape(1..=3), 1..=3usize, 0..5usize, opset(13..=22), seed())
