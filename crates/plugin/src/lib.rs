@@ -20,6 +20,8 @@ pub fn families() -> Vec<ep_core::registry::Family> {
         ops_quant::link(),
         #[cfg(feature = "controlflow")]
         ops_controlflow::link(),
+        #[cfg(feature = "ml")]
+        ops_ml::link(),
     ]
 }
 

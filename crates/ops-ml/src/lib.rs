@@ -1,0 +1,21 @@
+//! `ai.onnx.ml` lowerings (the classical machine-learning operators scikit-learn exporters
+//! emit), where inputs and outputs are tensors: Binarizer, Scaler, Normalizer,
+//! ArrayFeatureExtractor. Ops with string inputs or outputs stay on ORT's CPU EP.
+//!
+//! # Adding a lowering
+//! Write one file with a type implementing [`ep_core::Lowering`] and end it with
+//! `ep_core::register_lowering!(NAME = Value);`, then add its `mod` line below. List it in
+//! `crates/plugin/registered-ops.txt` and register its conformance spec next to it
+//! (`conformance_spec::register_spec!`, behind the `conformance` feature).
+#![forbid(unsafe_code)]
+
+mod feature_extractor;
+mod scale;
+
+/// The operator domain of this crate's ops.
+pub(crate) const ML: &str = "ai.onnx.ml";
+
+/// Referenced by the plugin so the linker keeps this crate's registrations.
+pub fn link() -> ep_core::registry::Family {
+    ep_core::registry::Family { name: "ml" }
+}
