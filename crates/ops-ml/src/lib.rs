@@ -1,6 +1,6 @@
 //! `ai.onnx.ml` lowerings (the classical machine-learning operators scikit-learn exporters
 //! emit), where inputs and outputs are tensors: Binarizer, Scaler, Normalizer,
-//! ArrayFeatureExtractor. Ops with string inputs or outputs stay on ORT's CPU EP.
+//! ArrayFeatureExtractor, LinearRegressor. Ops with string inputs or outputs stay on ORT's CPU EP.
 //!
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`] and end it with
@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod feature_extractor;
+mod linear;
 mod scale;
 
 /// The operator domain of this crate's ops.
