@@ -14,6 +14,7 @@ mod dropout;
 mod einsum;
 mod matmul;
 mod norm;
+mod norm_shapes;
 mod pool;
 mod reduce;
 mod softmax;
