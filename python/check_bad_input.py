@@ -293,6 +293,133 @@ def fuzz_cases():
     }
     LIMITED.update(dict.fromkeys(limited, AS_LIMIT))
     out.update(limited)
+    out.update(shape_rule_cases())
+    return out
+
+
+def case(op, inputs, feeds, n_out=1, opset=17, domain="", **attrs):
+    """One node `op` over `inputs` ((name, type, shape); shape None: unknown rank, the check
+    then happens when the node runs) and `n_out` outputs of unknown shape."""
+    names = [i[0] if i else "" for i in inputs]
+    outs = [f"y{k}" for k in range(n_out)]
+    node = helper.make_node(op, names, outs, name=op.lower(), domain=domain, **attrs)
+    ins = [vi(*i) for i in inputs if i]
+    o = [helper.make_empty_tensor_value_info(n) for n in outs]
+    extra = [(domain, 1)] if domain else []
+    graph = helper.make_graph([node], "bad_input", ins, o)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in extra])
+    m.ir_version = 10
+    return m.SerializeToString(), feeds
+
+
+def rand(*shape, dtype=np.float32):
+    return np.random.default_rng(len(shape)).standard_normal(shape).astype(dtype)
+
+
+def shape_rule_cases():
+    """The fuzzer's second round: shapes, ranks and attributes of the normalizations, pools,
+    Gelu fusions, Split, Concat and the quantization ops that ORT's CPU EP refuses, and the
+    answers it gives for NaN, infinities and empty tensors (empty reductions, Resize,
+    Hardmax)."""
+    MS, H, U8, I32 = "com.microsoft", TensorProto.FLOAT16, TensorProto.UINT8, TensorProto.INT32
+    inf = np.float32(np.inf)
+    out = {
+        "RMSNormalization[scalar input]": case(
+            "RMSNormalization", [("x", F, None), ("g", F, None)], {"x": np.array(2.0, np.float32),
+                                                                    "g": rand(5, 3)}, opset=23, axis=0),
+        "RMSNormalization[empty scale]": case(
+            "RMSNormalization", [("x", F, [1, 5]), ("g", F, [None, 5])], {"x": rand(1, 5), "g": rand(0, 5)},
+            opset=23, axis=0),
+        "LayerNormalization[scale wider than the input]": case(
+            "LayerNormalization", [("x", F, None), ("g", F, None)], {"x": rand(5, 1, 4), "g": rand(5, 3, 4)}, axis=0),
+        "SimplifiedLayerNormalization[scale of a higher rank]": case(
+            "SimplifiedLayerNormalization", [("x", F, [2, 5, 3]), ("g", F, [1, 2, 1, 1, 1, 1, 1, 3])],
+            {"x": rand(2, 5, 3), "g": rand(1, 2, 1, 1, 1, 1, 1, 3)}, epsilon=1e-5),
+        "SkipLayerNormalization[scalar gamma]": case(
+            "SkipLayerNormalization", [("x", F, [2, 2, 3]), ("s", F, [2, 2, 3]), ("g", F, None), ("b", F, [3])],
+            {"x": rand(2, 2, 3), "s": rand(2, 2, 3), "g": np.array(1.5, np.float32), "b": rand(3)}, domain=MS),
+        "SkipSimplifiedLayerNormalization[epsilon -1]": case(
+            "SkipSimplifiedLayerNormalization", [("x", F, [2, 1, 4]), ("s", F, [2, 1, 4]), ("g", F, [4])],
+            {"x": rand(2, 1, 4), "s": rand(2, 1, 4), "g": rand(4)}, domain=MS, epsilon=-1.0),
+        # The CPU EP reads a skip of other batches cyclically.
+        "SkipSimplifiedLayerNormalization[skip of 2 batches for 5]": case(
+            "SkipSimplifiedLayerNormalization", [("x", F, [None, 1, 5]), ("s", F, [None, 1, 5]), ("g", F, [5])],
+            {"x": rand(5, 1, 5), "s": rand(2, 1, 5), "g": rand(5)}, domain=MS, epsilon=1e-5),
+        "GroupNormalization[no channels]": case(
+            "GroupNormalization", [("x", F, [2, None, 4]), ("g", F, [None]), ("b", F, [None])],
+            {"x": rand(2, 0, 4), "g": rand(2), "b": rand(2)}, opset=21, num_groups=2),
+        "GroupNormalization[opset 18, scale per channel]": case(
+            "GroupNormalization", [("x", F, [2, 4, 2]), ("g", F, [None]), ("b", F, [None])],
+            {"x": rand(2, 4, 2), "g": rand(4), "b": rand(4)}, opset=18, num_groups=2),
+        "InstanceNormalization[-inf scale]": case(
+            "InstanceNormalization", [("x", F, [2, 2, 3]), ("g", F, [2]), ("b", F, [2])],
+            {"x": rand(2, 2, 3), "g": np.array([-inf, 1], np.float32), "b": rand(2)}),
+        "AveragePool[no channels]": case(
+            "AveragePool", [("x", F, [1, None, 5, 6])], {"x": rand(1, 0, 5, 6)}, kernel_shape=[2, 2]),
+        "MaxPool[empty batch]": case("MaxPool", [("x", F, [None, 2, 5, 6])], {"x": rand(0, 2, 5, 6)}, kernel_shape=[2, 2]),
+        "MaxPool[SAME with dilation 2]": case(
+            "MaxPool", [("x", F, [1, 1, 5, 5])], {"x": rand(1, 1, 5, 5)}, kernel_shape=[2, 2], auto_pad="SAME_UPPER",
+            dilations=[2, 2]),
+        "Conv[SAME with dilation 2]": case(
+            "Conv", [("x", F, [1, 1, 5, 5]), ("w", F, [1, 1, 2, 2])], {"x": rand(1, 1, 5, 5), "w": rand(1, 1, 2, 2)},
+            auto_pad="SAME_UPPER", dilations=[2, 2]),
+        "ConvInteger[stride 2^40]": case(
+            "ConvInteger", [("x", U8, [1, 4, 5, 5]), ("w", U8, [3, 4, 1, 1])],
+            {"x": np.arange(100, dtype=np.uint8).reshape(1, 4, 5, 5), "w": np.ones((3, 4, 1, 1), np.uint8)},
+            kernel_shape=[1, 1], strides=[2, 1 << 40]),
+        "GlobalAveragePool[rank 7]": case(
+            "GlobalAveragePool", [("x", F, [2, 1, 1, 1, 1, 1, 1])], {"x": rand(2, 1, 1, 1, 1, 1, 1)}),
+        "GlobalMaxPool[no channels]": case("GlobalMaxPool", [("x", F, [1, None, 3, 1, 1])], {"x": rand(1, 0, 3, 1, 1)}),
+        "FastGelu[scalar bias]": case(
+            "FastGelu", [("x", F, [1, 2]), ("b", F, None)], {"x": rand(1, 2), "b": np.array(0.5, np.float32)}, domain=MS),
+        "BiasGelu[scalar input]": case(
+            "BiasGelu", [("x", F, None), ("b", F, [1])], {"x": np.array(0.5, np.float32), "b": rand(1)}, domain=MS),
+        "Split[num_outputs 1 of an empty axis]": case(
+            "Split", [("x", F, [3, None])], {"x": rand(3, 0)}, opset=18, axis=1, num_outputs=1),
+        "Split[num_outputs 3 of 4]": case(
+            "Split", [("x", F, [3, None])], {"x": rand(3, 4)}, n_out=3, opset=18, axis=1, num_outputs=3),
+        "Concat[omitted input]": case(
+            "Concat", [("a", I32, [1, 2]), None, ("c", I32, [1, 2])],
+            {"a": np.ones((1, 2), np.int32), "c": np.ones((1, 2), np.int32)}, axis=-1),
+        "Trilu[upper 2^40]": case("Trilu", [("x", F, [3, 4])], {"x": rand(3, 4)}, upper=1 << 40),
+        "ArgMin[select_last_index 2^40]": case(
+            "ArgMin", [("x", I32, [2, 3])], {"x": np.array([[1, 0, 1], [0, 0, 1]], np.int32)}, axis=1,
+            select_last_index=1 << 40),
+        "ArgMax[empty input, negative axis]": case("ArgMax", [("x", F, [None, 3])], {"x": rand(0, 3)}, axis=-1),
+        "RotaryEmbedding[rotary_embedding_dim without num_heads]": case(
+            "RotaryEmbedding", [("x", F, [2, 2, 2, 8]), ("p", I64, [2, 2]), ("c", F, [8, 4]), ("s", F, [8, 4])],
+            {"x": rand(2, 2, 2, 8), "p": np.zeros((2, 2), np.int64), "c": rand(8, 4), "s": rand(8, 4)}, domain=MS,
+            rotary_embedding_dim=8),
+        "DequantizeLinear[per-axis scale declared scalar]": case(
+            "DequantizeLinear", [("x", U8, [4, 2]), ("s", F, [])],
+            {"x": np.arange(8, dtype=np.uint8).reshape(4, 2), "s": np.array([0.5, 2.0], np.float32)}, opset=19, axis=1),
+        "QuantizeLinear[per-axis scale, scalar zero point]": case(
+            "QuantizeLinear", [("x", F, [4, 2]), ("s", F, None), ("z", U8, None)],
+            {"x": rand(4, 2), "s": np.array([0.5, 2.0], np.float32), "z": np.array(3, np.uint8)}, opset=19, axis=1),
+        "Upsample[linear of infinities]": case(
+            "Upsample", [("x", F, [1, 2, 3, 2]), ("sc", F, [4])],
+            {"x": np.full((1, 2, 3, 2), inf), "sc": np.array([1, 1, 2, 2], np.float32)}, opset=9, mode="linear"),
+        "Upsample[empty axis]": case(
+            "Upsample", [("x", H, [1, 2, None, 2]), ("sc", F, [4])],
+            {"x": np.zeros((1, 2, 0, 2), np.float16), "sc": np.array([1, 1, 2, 3], np.float32)}, opset=9),
+        "Resize[empty axis]": case(
+            "Resize", [("x", F, [4, 5, None, 4]), None, ("sc", F, [4])],
+            {"x": rand(4, 5, 0, 4), "sc": np.array([1, 1, 2, 2], np.float32)}, opset=15, mode="linear"),
+        "Hardmax[empty rows]": case("Hardmax", [("x", F, [None, 3])], {"x": rand(0, 3)}, opset=20),
+        # An empty input: ORT's CPU EP takes negative axes as reducing nothing and answers 0 for a mean.
+        "ReduceL2[empty input, negative axes]": case(
+            "ReduceL2", [("x", F, [None, 5, 3]), ("a", I64, [2])],
+            {"x": rand(0, 5, 3), "a": np.array([-3, -2], np.int64)}, opset=18),
+        "ReduceMean[empty input]": case(
+            "ReduceMean", [("x", H, [5, 4, None])], {"x": np.zeros((5, 4, 0), np.float16)}, opset=14, axes=[0, 1, 2],
+            keepdims=0),
+        "ReduceMin[int32 over an empty axis]": case(
+            "ReduceMin", [("x", I32, [5, None, 3]), ("a", I64, [1])], {"x": np.zeros((5, 0, 3), np.int32),
+                                                                        "a": np.array([1], np.int64)}, opset=18),
+    }
+    for label, x in {"NaN": [np.nan], "-inf": [-np.inf, 3.0, 1.0]}.items():
+        out[f"DynamicQuantizeLinear[{label}]"] = case(
+            "DynamicQuantizeLinear", [("x", F, [None])], {"x": np.array(x, np.float32)}, n_out=3, opset=11)
     return out
 
 
@@ -344,6 +471,12 @@ def spawn(name, ep, compile_mode):
                           timeout=120)
 
 
+def same(a, b):
+    """Equal shapes and values within tolerance, NaN where the other has NaN."""
+    a, b = np.array(a, dtype=np.float64), np.array(b, dtype=np.float64)
+    return a.shape == b.shape and np.allclose(a, b, equal_nan=True)
+
+
 def judge(name, compile_mode):
     p = spawn(name, "mlx", compile_mode)
     if p.returncode != 0:
@@ -367,7 +500,7 @@ def judge(name, compile_mode):
                 return f"the error is not the MLX EP's: {got['error']}"
         elif "error" in got:
             return f"MLX raised where the CPU EP answered: {got['error']}"
-        elif not all(np.allclose(np.array(a), np.array(b)) for a, b in zip(got["outputs"], cpu["outputs"])):
+        elif not all(same(a, b) for a, b in zip(got["outputs"], cpu["outputs"])):
             return f"MLX answered {got['outputs']}, the CPU EP {cpu['outputs']}"
     return None
 

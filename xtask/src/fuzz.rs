@@ -9,7 +9,8 @@
 use crate::setup;
 use crate::util::{self, Result, step};
 
-/// The bounded run (`cargo xtask fuzz` without options; to join `cargo xtask test` once clean): a fixed seed, about 1.5 minutes on two cores with a warm MLX kernel cache.
+/// The bounded run (`cargo xtask fuzz` without options, and the last step of `cargo xtask
+/// test`): a fixed seed, about a minute on two cores with a warm MLX kernel cache.
 pub const CI_CASES: u64 = 2000;
 pub const CI_SEED: u64 = 20_261_203;
 

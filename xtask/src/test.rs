@@ -3,7 +3,8 @@
 //! workspace build, `cargo test --workspace`, the property suite at a bounded case count, the
 //! ONNX node tests and model suites (no test on the committed passing list may fail), the
 //! Python checks against the wheel's ORT (the plugin, the installed wheel, bad input,
-//! concurrency, quantized transformers, the EP's memory as a device, soak and churn).
+//! concurrency, quantized transformers, the EP's memory as a device, soak and churn), and
+//! the bounded bad-input fuzz run (`cargo xtask fuzz` without options).
 
 use crate::setup;
 use crate::util::{self, Result, step};
@@ -68,9 +69,8 @@ pub fn run(args: &[String]) -> Result {
                 .env("ORT_MLX_EP_LIB", util::plugin_path("debug")),
         )?;
     }
-    // The bounded fuzz run (`cargo xtask fuzz`, fixed seed) joins this command once it finds
-    // no wrong answer: it still finds 41 of 2000 (README, Reliability).
-    Ok(())
+    // Last, the bounded bad-input fuzz run (`cargo xtask fuzz`: 2000 cases at a fixed seed).
+    crate::fuzz::bounded()
 }
 
 /// Builds the wheel (debug plugin), installs it with `onnxruntime==1.31.1` into a fresh venv,

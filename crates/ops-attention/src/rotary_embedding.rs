@@ -23,16 +23,29 @@ fn claim_common(node: &NodeInfo, x: usize, caches: [usize; 2], ids: usize) -> st
     }
 }
 
+/// The attributes ORT's kernels refuse when the session is created: a negative
+/// `rotary_embedding_dim` or `num_heads`, and (`com.microsoft`) a rotary dimension without
+/// `num_heads`.
+fn claim_attrs(node: &NodeInfo, dim_needs_heads: bool) -> std::result::Result<(), Decline> {
+    let (dim, heads) = (node.attr_int("rotary_embedding_dim", 0)?, node.attr_int("num_heads", 0)?);
+    if dim < 0 || heads < 0 || (dim_needs_heads && dim > 0 && heads == 0) {
+        return Err(Decline(format!("rotary_embedding_dim {dim} with num_heads {heads}")));
+    }
+    Ok(())
+}
+
 fn claim_ms(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 4, 4)?;
     if node.attr_int("is_packed_batching", 0)? != 0 {
         return Err(Decline::new("is_packed_batching is not supported"));
     }
+    claim_attrs(node, true)?;
     claim_common(node, 0, [2, 3], 1)
 }
 
 fn claim_onnx(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 3, 4)?;
+    claim_attrs(node, false)?;
     claim_common(node, 0, [1, 2], 3)
 }
 

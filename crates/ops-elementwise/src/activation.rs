@@ -41,10 +41,6 @@ fn claim_gelu(node: &NodeInfo) -> std::result::Result<(), Decline> {
     }
 }
 
-fn claim_floats(node: &NodeInfo) -> std::result::Result<(), Decline> {
-    require_types(node, FLOATS)
-}
-
 /// Applies a unary activation `f(x, node, stream)` to input 0.
 fn unary(
     ctx: &mut LowerCtx<'_>,
@@ -206,8 +202,31 @@ ep_core::register_lowering!(
     }
 );
 
+/// The input of rank 1 or more and the bias 1-D of its last dimension, as ORT's kernels
+/// require (`None`: not known); broadcasting another bias would answer what they refuse.
+fn check_bias(x: Option<&[Option<i64>]>, bias: Option<&[Option<i64>]>) -> std::result::Result<(), String> {
+    if x.is_some_and(<[_]>::is_empty) {
+        return Err("the input is a scalar; it needs 1 or more dimensions".into());
+    }
+    if let Some(b) = bias {
+        let last = x.and_then(|x| x.last().copied().flatten());
+        if b.len() != 1 || last.zip(b[0]).is_some_and(|(l, d)| l != d) {
+            return Err(format!("the bias {b:?} must be 1-D of the input's last dimension ({last:?})"));
+        }
+    }
+    Ok(())
+}
+
+fn claim_biased(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_types(node, FLOATS)?;
+    let dims = |i: usize| node.input(i).and_then(|v| v.shape.as_deref());
+    check_bias(dims(0), dims(1)).map_err(Decline)
+}
+
 /// `gelu(x + bias)`: FastGelu (tanh form, bias optional) and BiasGelu (erf form).
 fn lower_biased(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let known = |a: &Array| a.shape().into_iter().map(Some).collect::<Vec<_>>();
+    check_bias(Some(&known(ctx.input(0)?)), ctx.optional_input(1).map(known).as_deref())?;
     let s = ctx.stream();
     let x = match ctx.optional_input(1) {
         Some(b) => ops::add(ctx.input(0)?, b, s)?,
@@ -222,7 +241,7 @@ ep_core::register_lowering!(
         domain: MS,
         op: "FastGelu",
         opsets: 1..=i32::MAX,
-        claim: claim_floats,
+        claim: claim_biased,
         lower: lower_biased,
         safety: CompileSafety::Shapeless,
         growth: None,
@@ -234,7 +253,7 @@ ep_core::register_lowering!(
         domain: MS,
         op: "BiasGelu",
         opsets: 1..=i32::MAX,
-        claim: claim_floats,
+        claim: claim_biased,
         lower: lower_biased,
         safety: CompileSafety::Shapeless,
         growth: None,

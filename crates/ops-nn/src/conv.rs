@@ -19,6 +19,11 @@ fn claim_conv(node: &NodeInfo) -> std::result::Result<(), Decline> {
     }
 }
 
+fn claim_conv_forward(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    claim_conv(node)?;
+    crate::window::claim_same_pad_dilation(node)
+}
+
 /// The end of every convolution: channels-last back to channels-first, plus the bias.
 fn finish(y: &Array, r: usize, bias: Option<&Array>, s: &ep_core::mlx::Stream) -> Result<Array> {
     let back: Vec<i32> = std::iter::once(0).chain(std::iter::once(r as i32 - 1)).chain(1..r as i32 - 1).collect();
@@ -122,7 +127,7 @@ ep_core::register_lowering!(
         domain: "",
         op: "Conv",
         opsets: 1..=i32::MAX,
-        claim: claim_conv,
+        claim: claim_conv_forward,
         lower: lower_conv,
         safety: CompileSafety::ShapeKeyed,
         growth: None,

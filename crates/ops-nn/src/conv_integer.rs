@@ -26,7 +26,7 @@ fn claim_common(node: &NodeInfo, x: usize, w: usize) -> std::result::Result<(), 
     {
         return Err(Decline(format!("a {kh}x{kw} kernel has more than {EXACT_TERMS} products per channel")));
     }
-    Ok(())
+    crate::window::claim_same_pad_dilation(node)
 }
 
 fn claim_conv_integer(node: &NodeInfo) -> std::result::Result<(), Decline> {

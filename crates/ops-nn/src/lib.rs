@@ -15,6 +15,7 @@ mod einsum;
 mod lrn;
 mod matmul;
 mod norm;
+mod norm_shapes;
 mod pool;
 mod reduce;
 mod softmax;

@@ -4,6 +4,7 @@
 //! SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (RMS norms). Statistics are
 //! computed in float32 for half types, as ORT's CPU EP does.
 
+use crate::norm_shapes::{self as shapes, Dims, declared, known};
 use ep_core::lowering::{FLOATS, FnLowering, normalize_axis, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
@@ -24,15 +25,39 @@ fn standardize(x: &Array, axes: &[i32], eps: f64, s: &Stream) -> Result<(Array, 
     Ok((ops::multiply(&centered, &inv, s)?, mean, inv))
 }
 
+/// The parameters (inputs from 1 on) of a layer norm, by name, as `shape_of` gives them.
+fn layer_params(node: &NodeInfo, shape_of: impl Fn(usize) -> Option<Dims>) -> Vec<(&'static str, Option<Dims>)> {
+    ["scale", "bias"]
+        .into_iter()
+        .enumerate()
+        .filter(|&(i, _)| i + 1 < node.inputs.len())
+        .map(|(i, n)| (n, shape_of(i + 1)))
+        .collect()
+}
+
+/// The rules of [`shapes::check_layer_norm`] on the declared shapes (input 0 of known rank).
+fn claim_layer_shapes(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    let Some(x) = declared(node, 0) else { return Ok(()) };
+    shapes::claim(shapes::check_layer_norm(&x, node.attr_int("axis", -1)?, &layer_params(node, |i| declared(node, i))))
+}
+
+/// The same rules on the runtime shapes.
+fn check_layer_shapes(ctx: &LowerCtx<'_>, node: &NodeInfo) -> Result<()> {
+    let x = known(&ctx.input(0)?.shape());
+    let params = layer_params(node, |i| ctx.optional_input(i).map(|a| known(&a.shape())));
+    Ok(shapes::check_layer_norm(&x, node.attr_int("axis", -1)?, &params)?)
+}
+
 fn claim_layer_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 2, 3)?;
     for i in 0..3 {
         require_input_type(node, i, FLOATS)?;
     }
-    Ok(())
+    claim_layer_shapes(node)
 }
 
 fn lower_layer_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    check_layer_shapes(ctx, node)?;
     let x = ctx.input(0)?;
     let s = ctx.stream();
     let r = x.ndim();
@@ -99,6 +124,7 @@ fn rms_normalize(x: &Array, scale: &Array, axes: &[i32], eps: f64, s: &Stream) -
 
 /// The RMS norm of input 0 over the axes from `axis` on, scaled by input 1.
 fn rms_of_inputs(ctx: &LowerCtx<'_>, node: &NodeInfo) -> Result<(Array, Array)> {
+    check_layer_shapes(ctx, node)?;
     let x = ctx.input(0)?;
     let r = x.ndim();
     let axis = normalize_axis(node.attr_int("axis", -1)?, r)?;
@@ -112,7 +138,7 @@ fn claim_rms_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
     for i in 0..2 {
         require_input_type(node, i, FLOATS)?;
     }
-    Ok(())
+    claim_layer_shapes(node)
 }
 
 /// `x / sqrt(mean(x^2) + eps) * scale` over the axes from `axis` on.
@@ -159,10 +185,11 @@ ep_core::register_lowering!(
 /// `RMSNorm(input + skip + bias) * gamma` over the last axis; outputs: the result, (unused
 /// mean), the inverse RMS, and the sum `input + skip + bias`.
 fn lower_skip_simplified_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    check_skip_shapes(ctx, node)?;
     let s = ctx.stream();
     let x = ctx.input(0)?;
     // The sum in float32, as ORT's kernel normalizes it (its sum output is rounded apart).
-    let mut sum = ops::add(&f32_of(x, s)?, &f32_of(ctx.input(1)?, s)?, s)?;
+    let mut sum = ops::add(&f32_of(x, s)?, &f32_of(&skip_input(ctx)?, s)?, s)?;
     if let Some(bias) = ctx.optional_input(3) {
         sum = ops::add(&sum, &f32_of(bias, s)?, s)?;
     }
@@ -173,6 +200,54 @@ fn lower_skip_simplified_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result
     Ok(vec![ops::astype(&y, x.dtype(), s)?, unused_mean, inv, sum])
 }
 
+/// The 1-D parameters of a skip norm (inputs from 2 on), by name, as `shape_of` gives them.
+fn skip_vectors(node: &NodeInfo, shape_of: impl Fn(usize) -> Option<Dims>) -> Vec<(&'static str, Option<Dims>)> {
+    let names: &[&'static str] =
+        if node.op_type == "SkipLayerNormalization" { &["gamma", "beta", "bias"] } else { &["gamma", "bias"] };
+    names.iter().enumerate().map(|(i, &n)| (n, shape_of(i + 2))).collect()
+}
+
+/// The rules of [`shapes::check_skip_norm`] on the declared shapes, and ORT's `epsilon >= 0`.
+fn claim_skip_shapes(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    let eps = node.attr_float("epsilon", 1e-12)?;
+    if eps.is_nan() || eps < 0.0 {
+        return Err(Decline(format!("epsilon {eps} is negative")));
+    }
+    let Some(x) = declared(node, 0) else { return Ok(()) };
+    let skip = declared(node, 1);
+    // A skip with an empty batch (the input's is not) stays claimed and is refused when the
+    // node runs: ORT's CPU kernel divides by its size (declined, it would crash the process).
+    if x.len() == 3 && x[0] != Some(0) && skip.as_ref().is_some_and(|sk| sk.len() == 3 && sk[0] == Some(0)) {
+        return Ok(());
+    }
+    shapes::claim(shapes::check_skip_norm(&x, skip.as_ref(), &skip_vectors(node, |i| declared(node, i))))
+}
+
+/// The skip input, batch `b` of the input taking batch `b % k` of a 3-D skip of `k` batches, as
+/// ORT's kernel reads it (an index modulo the skip's size); a skip of the input's batch or of
+/// one batch broadcasts as it is.
+fn skip_input(ctx: &LowerCtx<'_>) -> Result<Array> {
+    let (x, skip) = (ctx.input(0)?, ctx.input(1)?);
+    let (xs, ks) = (x.shape(), skip.shape());
+    if xs.len() != 3 || ks.len() != 3 || ks[0] == 1 || ks[0] == xs[0] {
+        return Ok(skip.clone());
+    }
+    if ctx.shapeless() {
+        // A shapeless replay would keep these rows for other batch sizes.
+        bail!("a skip of {} batches for an input of {} is read cyclically, which needs exact shapes", ks[0], xs[0]);
+    }
+    let rows: Vec<i64> = (0..xs[0]).map(|b| b % ks[0]).collect();
+    Ok(ops::take(skip, &Array::from_slice(&rows, &[xs[0]])?, 0, ctx.stream())?)
+}
+
+/// The same rules on the runtime shapes.
+fn check_skip_shapes(ctx: &LowerCtx<'_>, node: &NodeInfo) -> Result<()> {
+    let x = known(&ctx.input(0)?.shape());
+    let skip = known(&ctx.input(1)?.shape());
+    let vectors = skip_vectors(node, |i| ctx.optional_input(i).map(|a| known(&a.shape())));
+    Ok(shapes::check_skip_norm(&x, Some(&skip), &vectors)?)
+}
+
 fn claim_skip_simplified_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 3, 4)?;
     for i in 0..4 {
@@ -181,7 +256,7 @@ fn claim_skip_simplified_norm(node: &NodeInfo) -> std::result::Result<(), Declin
     if node.output(1).is_some() {
         return Err(Decline::new("the mean output of SkipSimplifiedLayerNormalization is not defined"));
     }
-    Ok(())
+    claim_skip_shapes(node)
 }
 
 ep_core::register_lowering!(
@@ -201,16 +276,17 @@ fn claim_skip_layer_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
     for i in 0..5 {
         require_input_type(node, i, FLOATS)?;
     }
-    Ok(())
+    claim_skip_shapes(node)
 }
 
 /// `LayerNorm(input + skip + bias)` over the last axis; outputs: the result, the mean and
 /// inverse standard deviation (float32), and the sum `input + skip + bias`.
 fn lower_skip_layer_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    check_skip_shapes(ctx, node)?;
     let s = ctx.stream();
     let x = ctx.input(0)?;
     // The sum in float32, as ORT's kernel normalizes it (its sum output is rounded apart).
-    let mut sum = ops::add(&f32_of(x, s)?, &f32_of(ctx.input(1)?, s)?, s)?;
+    let mut sum = ops::add(&f32_of(x, s)?, &f32_of(&skip_input(ctx)?, s)?, s)?;
     if let Some(bias) = ctx.optional_input(4) {
         sum = ops::add(&sum, &f32_of(bias, s)?, s)?;
     }
@@ -311,6 +387,8 @@ fn claim_instance_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
     Ok(())
 }
 
+/// `x * a + (bias - mean * a)` with `a = scale / sqrt(var + eps)` per instance and channel, as
+/// ORT's CPU EP computes it (so an infinite scale gives its NaN, not an infinity).
 fn lower_instance_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
     let s = ctx.stream();
@@ -318,9 +396,11 @@ fn lower_instance_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Ar
     let eps = node.attr_float("epsilon", 1e-5)? as f64;
     check_channel_params(ctx, 1..3)?;
     let axes: Vec<i32> = (2..r as i32).collect();
-    let (y, _, _) = standardize(&f32_of(x, s)?, &axes, eps, s)?;
-    let y =
-        ops::add(&ops::multiply(&y, &per_channel(ctx.input(1)?, r, s)?, s)?, &per_channel(ctx.input(2)?, r, s)?, s)?;
+    let w = f32_of(x, s)?;
+    let (_, mean, inv) = standardize(&w, &axes, eps, s)?;
+    let a = ops::multiply(&inv, &per_channel(ctx.input(1)?, r, s)?, s)?;
+    let b = ops::subtract(&per_channel(ctx.input(2)?, r, s)?, &ops::multiply(&mean, &a, s)?, s)?;
+    let y = ops::add(&ops::multiply(&w, &a, s)?, &b, s)?;
     Ok(vec![ops::astype(&y, x.dtype(), s)?])
 }
 
@@ -336,23 +416,35 @@ ep_core::register_lowering!(
     }
 );
 
+/// Scale and bias per channel from opset 21 on, per group before.
+fn group_params_per_channel(node: &NodeInfo) -> bool {
+    node.since_version >= 21
+}
+
+fn claim_group_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    claim_instance_norm(node)?;
+    let Some(x) = declared(node, 0) else { return Ok(()) };
+    let params = [("scale", declared(node, 1)), ("bias", declared(node, 2))];
+    let (g, by_channel) = (node.attr_int("num_groups", 0)?, group_params_per_channel(node));
+    shapes::claim(shapes::check_group_norm(&x, g, by_channel, &params))
+}
+
 fn lower_group_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
     let s = ctx.stream();
     let shape = x.shape();
     let r = shape.len();
     let g = node.attr_int("num_groups", 0)?;
+    let by_channel = group_params_per_channel(node);
+    let params = [("scale", Some(known(&ctx.input(1)?.shape()))), ("bias", Some(known(&ctx.input(2)?.shape())))];
+    shapes::check_group_norm(&known(&shape), g, by_channel, &params)?;
     let (n, c) = (shape[0], shape[1]);
-    if g <= 0 || c % g != 0 {
-        bail!("num_groups {g} does not divide {c} channels");
-    }
     let eps = node.attr_float("epsilon", 1e-5)? as f64;
     let grouped = ops::reshape(&f32_of(x, s)?, &[n, g, -1], s)?;
     let (y, _, _) = standardize(&grouped, &[2], eps, s)?;
     let y = ops::reshape(&y, &shape, s)?;
-    // Opset 21: scale and bias per channel; opset 18: per group.
     let (scale, bias) = (ctx.input(1)?, ctx.input(2)?);
-    let (scale, bias) = if scale.size() as i64 == c {
+    let (scale, bias) = if by_channel {
         (per_channel(scale, r, s)?, per_channel(bias, r, s)?)
     } else {
         let rep = |p: &Array| -> Result<Array> {
@@ -371,7 +463,7 @@ ep_core::register_lowering!(
         domain: "",
         op: "GroupNormalization",
         opsets: 18..=i32::MAX,
-        claim: claim_instance_norm,
+        claim: claim_group_norm,
         lower: lower_group_norm,
         safety: CompileSafety::ShapeKeyed,
         growth: None,

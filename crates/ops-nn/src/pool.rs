@@ -5,7 +5,7 @@
 use crate::window::{Window, windows};
 use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, ops};
-use ep_core::{CompileSafety, Decline, LowerCtx, NodeInfo, Result};
+use ep_core::{CompileSafety, Decline, LowerCtx, NodeInfo, Result, bail};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
@@ -42,10 +42,32 @@ fn claim_pool(node: &NodeInfo) -> std::result::Result<(), Decline> {
     {
         return Err(Decline(format!("pads {pads:?} must be non-negative and smaller than kernel_shape {kernel:?}")));
     }
+    crate::window::claim_same_pad_dilation(node)?;
     match ep_core::lowering::input_rank(node, 0) {
-        Some(3..=5) => Ok(()),
+        Some(3..=5) => claim_nonempty(node),
         r => Err(Decline(format!("input rank {r:?}: 1-D, 2-D and 3-D pools are supported"))),
     }
+}
+
+/// Declines a declared empty dimension: the CPU EP answers an empty batch and refuses any other
+/// (ORT's layout transformer refuses an empty channel axis before a node runs).
+fn claim_nonempty(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    match node.input(0).and_then(|v| v.shape.as_ref()) {
+        Some(dims) if dims.contains(&Some(0)) => Err(Decline::new("an empty input dimension is left to the CPU EP")),
+        _ => Ok(()),
+    }
+}
+
+/// For a pool input `[N, C, *spatial]` with an empty dimension: the empty result when the batch
+/// is empty, else an error, as ORT's CPU EP answers.
+fn empty_pool(shape: &[i64], out_spatial: impl FnOnce() -> Result<Vec<i64>>) -> Result<Option<Vec<i64>>> {
+    if !shape.contains(&0) {
+        return Ok(None);
+    }
+    if shape[0] != 0 {
+        bail!("invalid input shape {shape:?}: only the batch may be empty");
+    }
+    Ok(Some([vec![0, shape[1]], out_spatial()?].concat()))
 }
 
 fn pool(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Array>> {
@@ -55,6 +77,9 @@ fn pool(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Array
     let k = shape.len() - 2;
     let kernel = node.attr_ints("kernel_shape")?.ok_or("kernel_shape is required")?.to_vec();
     let ceil = node.attr_int("ceil_mode", 0)? == 1;
+    if let Some(out) = empty_pool(&shape, || Ok(Window::of(node, &shape[2..], kernel.clone(), ceil)?.out))? {
+        return Ok(vec![ops::full(&out, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?]);
+    }
     let w = Window::of(node, &shape[2..], kernel, ceil)?;
     let axes: Vec<i32> = (0..k as i32).map(|i| 3 + 2 * i).collect();
     let t = x.dtype();
@@ -122,15 +147,20 @@ pools! {
 fn claim_global(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 1, 1)?;
     require_input_type(node, 0, FLOATS)?;
+    // The CPU EP pools over 1 to 3 spatial axes.
     match ep_core::lowering::input_rank(node, 0) {
-        Some(r) if r >= 3 => Ok(()),
-        r => Err(Decline(format!("input rank {r:?}: needs spatial dims"))),
+        Some(3..=5) => claim_nonempty(node),
+        r => Err(Decline(format!("input rank {r:?}: 1 to 3 spatial axes are supported"))),
     }
 }
 
 fn global(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
     let s = ctx.stream();
+    let shape = x.shape();
+    if let Some(out) = empty_pool(&shape, || Ok(vec![1; shape.len() - 2]))? {
+        return Ok(vec![ops::full(&out, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?]);
+    }
     let axes: Vec<i32> = (2..x.ndim() as i32).collect();
     let t = x.dtype();
     let work = if t == Dtype::F32 { x.clone() } else { ops::astype(x, Dtype::F32, s)? };

@@ -60,25 +60,14 @@ fn reduce(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Arr
         _ if node.attr_int("noop_with_empty_axes", 0)? == 1 => Vec::new(),
         _ => (0..r as i64).collect(),
     };
+    if x.size() == 0 {
+        return Ok(vec![empty_input(kind, x, &axes, keep, ctx.stream_for(x.dtype()), ctx.cpu_stream())?]);
+    }
     let mut axes: Vec<usize> = axes.iter().map(|&a| normalize_axis(a, r)).collect::<std::result::Result<_, _>>()?;
     axes.sort_unstable();
     axes.dedup();
     let dtype = x.dtype();
     let s = ctx.stream_for(dtype);
-    let out_shape: Vec<i64> =
-        (0..r).filter_map(|d| if axes.contains(&d) { keep.then_some(1) } else { Some(shape[d]) }).collect();
-    if axes.iter().any(|&a| shape[a] == 0) {
-        // The reduction of an empty set is the operation's identity (ONNX 18's definition).
-        let identity = match kind {
-            Kind::Sum | Kind::L1 | Kind::L2 | Kind::SumSquare => 0.0,
-            Kind::Prod => 1.0,
-            Kind::Max | Kind::LogSum | Kind::LogSumExp => f64::NEG_INFINITY,
-            Kind::Min => f64::INFINITY,
-            Kind::Mean => f64::NAN,
-        };
-        let value = ops::astype(&Array::from_slice(&[identity], &[])?, dtype, ctx.cpu_stream())?;
-        return Ok(vec![ops::full(&out_shape, &value, dtype, s)?]);
-    }
     // Half types accumulate in float32, as ORT's CPU EP does.
     let work = if dtype == Dtype::F16 || dtype == Dtype::BF16 { ops::astype(x, Dtype::F32, s)? } else { x.clone() };
     let pre = match kind {
@@ -110,6 +99,44 @@ fn reduce(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Arr
         (0..r).filter_map(|d| if axes.contains(&d) { keep.then_some(1) } else { Some(shape[d]) }).collect();
     let y = ops::reshape(&y, &out_shape, s)?;
     Ok(vec![cast_back(&y, dtype, s)?])
+}
+
+/// The reduction of an input without elements, as ORT's CPU EP answers it: the axes are taken
+/// as given (a negative or out-of-range one reduces nothing), and every output element is the
+/// operation's identity (the type's lowest value for Max, LogSum and LogSumExp, its highest for
+/// Min, 0 for Mean).
+fn empty_input(kind: Kind, x: &Array, axes: &[i64], keep: bool, s: &Stream, cpu: &Stream) -> Result<Array> {
+    let shape = x.shape();
+    let out: Vec<i64> = (0..shape.len())
+        .filter_map(|d| if axes.contains(&(d as i64)) { keep.then_some(1) } else { Some(shape[d]) })
+        .collect();
+    let dtype = x.dtype();
+    let (lowest, highest) = match dtype {
+        Dtype::I8 => (i8::MIN as i64, i8::MAX as i64),
+        Dtype::U8 => (0, u8::MAX as i64),
+        Dtype::I32 => (i32::MIN as i64, i32::MAX as i64),
+        Dtype::I64 => (i64::MIN, i64::MAX),
+        _ => (0, 0),
+    };
+    let value = if dtype.is_float() {
+        let v = match kind {
+            Kind::Prod => 1.0,
+            Kind::Max | Kind::LogSum | Kind::LogSumExp => f64::NEG_INFINITY,
+            Kind::Min => f64::INFINITY,
+            _ => 0.0,
+        };
+        Array::from_slice(&[v], &[])?
+    } else {
+        let v = match kind {
+            Kind::Prod => 1,
+            Kind::Max | Kind::LogSum | Kind::LogSumExp => lowest,
+            Kind::Min => highest,
+            _ => 0,
+        };
+        Array::from_slice(&[v], &[])?
+    };
+    let value = ops::astype(&value, dtype, cpu)?;
+    Ok(ops::full(&out, &value, dtype, s)?)
 }
 
 /// Back to the input type (integer means truncate toward zero, as integer division does).

@@ -102,6 +102,10 @@ impl Lowering for Softmax {
         let x = ctx.input(0)?;
         let shape = x.shape();
         let axis = self.axis(node, shape.len()).map_err(Error::new)?;
+        if x.size() == 0 {
+            // Nothing to normalize (MLX's argmax refuses an empty array).
+            return Ok(vec![x.clone()]);
+        }
         if !self.flattening {
             return Ok(vec![apply(self.kind, x, axis, s)?]);
         }

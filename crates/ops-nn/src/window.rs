@@ -2,7 +2,7 @@
 //! `auto_pad` and `ceil_mode`, as ONNX defines them.
 
 use ep_core::mlx::{Array, Stream, ops};
-use ep_core::{AttrValue, NodeInfo, Result, bail};
+use ep_core::{AttrValue, Decline, Error, NodeInfo, Result, bail};
 
 /// Where each window of one spatial axis starts and how the input is padded for it.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,6 +26,17 @@ fn ints_or(node: &NodeInfo, name: &str, n: usize, default: i64) -> Result<Vec<i6
     })
 }
 
+/// Declines `auto_pad` SAME_UPPER or SAME_LOWER with a dilation other than 1: ORT's CPU EP
+/// refuses it for convolutions and pads its pools for the undilated kernel (ONNX pads for the
+/// dilated one, as [`Window::of`] does).
+pub fn claim_same_pad_dilation(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    let same = matches!(node.attr("auto_pad"), Some(AttrValue::String(s)) if s.starts_with("SAME"));
+    if same && node.attr_ints("dilations")?.is_some_and(|d| d.iter().any(|&d| d != 1)) {
+        return Err(Decline::new("auto_pad SAME with a dilation other than 1 is left to the CPU EP"));
+    }
+    Ok(())
+}
+
 impl Window {
     /// The geometry for `spatial` input dims and `kernel` (from the weight or `kernel_shape`).
     pub fn of(node: &NodeInfo, spatial: &[i64], kernel: Vec<i64>, ceil_mode: bool) -> Result<Window> {
@@ -33,8 +44,8 @@ impl Window {
         if kernel.len() != n {
             bail!("kernel of rank {} for {n} spatial axes", kernel.len());
         }
-        let strides = ints_or(node, "strides", n, 1)?;
-        let dilations = ints_or(node, "dilations", n, 1)?;
+        let mut strides = ints_or(node, "strides", n, 1)?;
+        let mut dilations = ints_or(node, "dilations", n, 1)?;
         if strides.iter().chain(&dilations).chain(&kernel).any(|&v| v < 1) {
             bail!("kernel, strides and dilations must be positive");
         }
@@ -45,37 +56,52 @@ impl Window {
         let (mut pad_lo, mut pad_hi) = (vec![0; n], vec![0; n]);
         let mut out = vec![0; n];
         let mut ceil_extra = vec![0; n];
+        // In i128: attributes may hold any int64 (2^63 - 1 strides or pads), which must give a
+        // result or an error, never an overflow.
+        let fit = |v: i128, what: &str| i64::try_from(v).map_err(|_| Error::new(format!("the {what} {v} overflows")));
         for i in 0..n {
-            let eff = (kernel[i] - 1) * dilations[i] + 1;
-            match auto {
+            let (x, k, st, d) = (spatial[i] as i128, kernel[i] as i128, strides[i] as i128, dilations[i] as i128);
+            let eff = (k - 1) * d + 1;
+            let o = match auto {
                 "SAME_UPPER" | "SAME_LOWER" => {
-                    let o = (spatial[i] + strides[i] - 1) / strides[i];
-                    let total = ((o - 1) * strides[i] + eff - spatial[i]).max(0);
+                    let o = (x + st - 1) / st;
+                    let total = ((o - 1) * st + eff - x).max(0);
                     let small = total / 2;
-                    (pad_lo[i], pad_hi[i]) =
-                        if auto == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
-                    out[i] = o;
+                    let (lo, hi) = if auto == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
+                    (pad_lo[i], pad_hi[i]) = (fit(lo, "padding")?, fit(hi, "padding")?);
+                    o
                 }
-                "VALID" => {
-                    out[i] = (spatial[i] - eff) / strides[i] + 1;
-                }
+                "VALID" => (x - eff) / st + 1,
                 "NOTSET" => {
                     let pads = ints_or(node, "pads", 2 * n, 0)?;
                     (pad_lo[i], pad_hi[i]) = (pads[i], pads[i + n]);
-                    let span = spatial[i] + pad_lo[i] + pad_hi[i] - eff;
-                    out[i] = if ceil_mode { (span + strides[i] - 1) / strides[i] + 1 } else { span / strides[i] + 1 };
+                    let (lo, hi) = (pads[i] as i128, pads[i + n] as i128);
+                    let span = x + lo + hi - eff;
+                    let mut o = if ceil_mode { (span + st - 1).div_euclid(st) + 1 } else { span.div_euclid(st) + 1 };
                     // A last window that starts inside the end padding only is dropped.
-                    if ceil_mode && (out[i] - 1) * strides[i] >= spatial[i] + pad_lo[i] {
-                        out[i] -= 1;
+                    if ceil_mode && (o - 1) * st >= x + lo {
+                        o -= 1;
                     }
+                    o
                 }
                 other => bail!("auto_pad '{other}' is not supported"),
-            }
-            if out[i] < 1 {
+            };
+            if o < 1 || (auto == "VALID" && x < eff) {
                 bail!("the window does not fit the input on spatial axis {i}");
             }
-            let needed = (out[i] - 1) * strides[i] + eff;
-            ceil_extra[i] = (needed - (spatial[i] + pad_lo[i] + pad_hi[i])).max(0);
+            out[i] = fit(o, "output size")?;
+            let needed = (o - 1) * st + eff;
+            ceil_extra[i] = fit((needed - (x + pad_lo[i] as i128 + pad_hi[i] as i128)).max(0), "padding")?;
+            // One window needs no more stride than the padded input's length, and a kernel of
+            // one tap no dilation: so MLX (32-bit sizes) never sees a stride of 2^40 that the
+            // CPU EP accepts.
+            let padded = x + pad_lo[i] as i128 + pad_hi[i] as i128;
+            if o == 1 && st > padded {
+                strides[i] = fit(padded.max(1), "stride")?;
+            }
+            if k == 1 {
+                dilations[i] = 1;
+            }
         }
         Ok(Window { kernel, strides, dilations, pad_lo, pad_hi, ceil_extra, out })
     }

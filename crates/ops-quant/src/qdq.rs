@@ -50,17 +50,48 @@ fn broadcast_param(param: &Array, x: &[i64], axis: usize, block: i64, s: &Stream
     Ok(ops::slice(&t, &vec![0; x.len()], &stop, s)?)
 }
 
-/// The (axis, block size) of a Quantize/DequantizeLinear node for an input of rank `rank`.
-fn layout(node: &NodeInfo, rank: usize) -> std::result::Result<(usize, i64), String> {
+/// The (axis, block size) of a Quantize/DequantizeLinear node for an input of rank `rank` and a
+/// scale of shape `scale` (declared or at run time; `None` when not known).
+fn layout(node: &NodeInfo, rank: usize, scale: Option<&[Option<i64>]>) -> std::result::Result<(usize, i64), String> {
     let block = node.attr_int("block_size", 0)?;
     // A per-tensor scale makes the axis irrelevant (ORT accepts any value then).
-    let per_tensor =
-        block == 0 && node.input(1).and_then(|v| v.shape.as_ref()).is_some_and(|s| s.iter().all(|d| *d == Some(1)));
+    let per_tensor = block == 0 && scale.is_some_and(|s| s.iter().all(|d| *d == Some(1)));
     let axis = if rank == 0 || per_tensor { 0 } else { normalize_axis(node.attr_int("axis", 1)?, rank)? };
     if block < 0 {
         return Err(format!("block_size {block} is negative"));
     }
     Ok((axis, block))
+}
+
+fn declared_scale(node: &NodeInfo) -> Option<&[Option<i64>]> {
+    node.input(1).and_then(|v| v.shape.as_deref())
+}
+
+fn runtime_dims(a: &Array) -> Vec<Option<i64>> {
+    a.shape().into_iter().map(Some).collect()
+}
+
+/// The zero point, when given, has the scale's shape (both of one element for a per-tensor
+/// layout), as ORT's CPU EP requires; `None`: not known.
+fn check_zero_point(scale: Option<&[Option<i64>]>, zp: Option<&[Option<i64>]>) -> std::result::Result<(), String> {
+    let (Some(scale), Some(zp)) = (scale, zp) else { return Ok(()) };
+    let one = |d: &[Option<i64>]| d.iter().all(|&d| d == Some(1));
+    let same = scale.len() == zp.len() && scale.iter().zip(zp).all(|(a, b)| a.is_none() || b.is_none() || a == b);
+    if !(same || (one(scale) && one(zp))) {
+        let show = |d: &[Option<i64>]| d.iter().map(|d| d.map_or("?".into(), |d| d.to_string())).collect::<Vec<_>>();
+        return Err(format!("the zero point {:?} does not have the scale's shape {:?}", show(zp), show(scale)));
+    }
+    Ok(())
+}
+
+/// [`check_zero_point`] on the declared shapes and at run time.
+fn claim_zero_point(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    check_zero_point(declared_scale(node), node.input(2).and_then(|v| v.shape.as_deref())).map_err(Decline)
+}
+
+fn zero_point_fits(ctx: &LowerCtx<'_>) -> Result<()> {
+    let zp = ctx.optional_input(2).map(runtime_dims);
+    Ok(check_zero_point(Some(&runtime_dims(ctx.input(1)?)), zp.as_deref())?)
 }
 
 fn claim_dequantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -75,7 +106,8 @@ fn claim_dequantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if node.input(2).and_then(|v| v.elem_type) != node.input(2).and(node.input(0).and_then(|v| v.elem_type)) {
         return Err(Decline::new("the zero point's type differs from the input's"));
     }
-    layout(node, ep_core::lowering::input_rank(node, 0).unwrap_or(1))?;
+    layout(node, ep_core::lowering::input_rank(node, 0).unwrap_or(1), declared_scale(node))?;
+    claim_zero_point(node)?;
     if !node.output(0).and_then(|v| v.elem_type).is_some_and(|t| FLOAT.contains(&t)) {
         return Err(Decline::new("the output is not float32, float16 or bfloat16"));
     }
@@ -86,7 +118,8 @@ fn lower_dequantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
     let s = ctx.stream();
     let x = ctx.input(0)?;
     let shape = x.shape();
-    let (axis, block) = layout(node, shape.len()).map_err(Error::new)?;
+    let (axis, block) = layout(node, shape.len(), Some(&runtime_dims(ctx.input(1)?))).map_err(Error::new)?;
+    zero_point_fits(ctx)?;
     let out = node
         .output(0)
         .and_then(|v| v.elem_type)
@@ -140,7 +173,8 @@ fn claim_quantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if !node.output(0).and_then(|v| v.elem_type).is_some_and(|t| OUT.contains(&t)) {
         return Err(Decline::new("the output is not a 4-, 8- or 16-bit integer type (float8 is not supported)"));
     }
-    layout(node, ep_core::lowering::input_rank(node, 0).unwrap_or(1))?;
+    layout(node, ep_core::lowering::input_rank(node, 0).unwrap_or(1), declared_scale(node))?;
+    claim_zero_point(node)?;
     Ok(())
 }
 
@@ -148,7 +182,8 @@ fn lower_quantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
     let s = ctx.stream();
     let x = ctx.input(0)?;
     let shape = x.shape();
-    let (axis, block) = layout(node, shape.len()).map_err(Error::new)?;
+    let (axis, block) = layout(node, shape.len(), Some(&runtime_dims(ctx.input(1)?))).map_err(Error::new)?;
+    zero_point_fits(ctx)?;
     let out = node.output(0).and_then(|v| v.elem_type).ok_or_else(|| Error::new("the output type is unknown"))?;
     let t = out.to_mlx().or_else(|| out.unpacked_4bit()).ok_or_else(|| Error::new("the output type is unknown"))?;
     let scale = broadcast_param(&f32(ctx.input(1)?, s)?, &shape, axis, block, s)?;
@@ -164,8 +199,9 @@ fn claim_dynamic(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_input_type(node, 0, &[ElemType::F32])
 }
 
-/// uint8 with scale `(max(0, max x) - min(0, min x)) / 255` and zero point
-/// `saturate(round(-min / scale))`.
+/// uint8 with scale `(max(0, max x) - min(0, min x)) / 255` (1 when that range is 0) and zero
+/// point `saturate(round(-min / scale))`, as ORT's CPU EP computes them: NaN elements take no
+/// part in the range and quantize to 0, and an undefined zero point (an infinite range) is 255.
 fn lower_dynamic(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let x = ctx.input(0)?;
@@ -174,26 +210,22 @@ fn lower_dynamic(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>>
     let (hi, lo) = if x.size() == 0 {
         (zero.clone(), zero.clone())
     } else {
+        // With 0 in the range anyway, a NaN counts as a 0.
+        let finite = ops::where_(&ops::isnan(x, s)?, &zero, x, s)?;
         (
-            ops::maximum(&ops::max_axes(x, &all, false, s)?, &zero, s)?,
-            ops::minimum(&ops::min_axes(x, &all, false, s)?, &zero, s)?,
+            ops::maximum(&ops::max_axes(&finite, &all, false, s)?, &zero, s)?,
+            ops::minimum(&ops::min_axes(&finite, &all, false, s)?, &zero, s)?,
         )
     };
     let scale = ops::divide(&ops::subtract(&hi, &lo, s)?, &ops::scalar(255.0, Dtype::F32, s)?, s)?;
-    let zp = ops::clip(
-        &ops::round(&ops::divide(&ops::negative(&lo, s)?, &scale, s)?, s)?,
-        Some(&zero),
-        Some(&ops::scalar(255.0, Dtype::F32, s)?),
-        s,
-    )?;
-    // An all-zero input has scale 0: everything quantizes to the zero point 0, and the scale
-    // reported is 1, as ORT's CPU EP reports it.
-    let zp = ops::where_(&ops::isnan(&zp, s)?, &zero, &zp, s)?;
-    let y = quantize(x, &scale, Some(&zp), Dtype::U8, range(Dtype::U8)?, s)?;
-    let degenerate = ops::equal(&scale, &zero, s)?;
-    let y = ops::where_(&degenerate, &ops::astype(&zp, Dtype::U8, s)?, &y, s)?;
-    let scale = ops::where_(&degenerate, &ops::scalar(1.0, Dtype::F32, s)?, &scale, s)?;
-    Ok(vec![y, scale, ops::astype(&zp, Dtype::U8, s)?])
+    let scale = ops::where_(&ops::equal(&hi, &lo, s)?, &ops::scalar(1.0, Dtype::F32, s)?, &scale, s)?;
+    let top = ops::scalar(255.0, Dtype::F32, s)?;
+    let zp = ops::divide(&ops::negative(&lo, s)?, &scale, s)?;
+    let zp = ops::round(&ops::clip(&ops::where_(&ops::isnan(&zp, s)?, &top, &zp, s)?, Some(&zero), Some(&top), s)?, s)?;
+    // A NaN (a NaN input, or an infinite one over an infinite scale) quantizes to 0.
+    let q = ops::add(&ops::round(&ops::divide(x, &scale, s)?, s)?, &zp, s)?;
+    let q = ops::where_(&ops::isnan(&q, s)?, &zero, &ops::clip(&q, Some(&zero), Some(&top), s)?, s)?;
+    Ok(vec![ops::astype(&q, Dtype::U8, s)?, scale, ops::astype(&zp, Dtype::U8, s)?])
 }
 
 /// `(a - a_zp) @ (b - b_zp)` in int32, exactly: `a` `[.., M, K]`, `b` `[.., K, N]` of 8-bit

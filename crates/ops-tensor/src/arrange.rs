@@ -29,7 +29,8 @@ fn lower_trilu(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let cols = ops::reshape(&ops::arange(0.0, m as f64, 1.0, Dtype::I64, s)?, &[1, m], s)?;
     let diff = ops::subtract(&cols, &rows, s)?;
     let kk = ops::scalar(k as f64, Dtype::I64, s)?;
-    let keep = if node.attr_int("upper", 1)? == 1 {
+    // Any value other than 0 means upper, as ORT's CPU EP reads it.
+    let keep = if node.attr_int("upper", 1)? != 0 {
         ops::greater_equal(&diff, &kk, s)?
     } else {
         ops::less_equal(&diff, &kk, s)?
@@ -126,10 +127,28 @@ fn claim_arg(node: &NodeInfo) -> std::result::Result<(), Decline> {
 fn lower_arg(ctx: &mut LowerCtx<'_>, node: &NodeInfo, max: bool) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
     let shape = x.shape();
-    let axis = normalize_axis(node.attr_int("axis", 0)?, shape.len())?;
+    let raw_axis = node.attr_int("axis", 0)?;
+    if x.size() == 0 && raw_axis < 0 {
+        // As ORT's CPU EP answers an input without elements: a negative axis reduces nothing.
+        return Ok(vec![ops::full(&shape, &ops::scalar(0.0, Dtype::I64, ctx.stream())?, Dtype::I64, ctx.stream())?]);
+    }
+    let axis = normalize_axis(raw_axis, shape.len())?;
     let keep = node.attr_int("keepdims", 1)? == 1;
-    let last = node.attr_int("select_last_index", 0)? == 1;
+    // Any value other than 0 selects the last index, as ORT's CPU EP reads it.
+    let last = node.attr_int("select_last_index", 0)? != 0;
     let s = ctx.stream_for(x.dtype());
+    if x.size() == 0 {
+        if shape[axis] == 0 {
+            bail!("axis {axis} of {shape:?} is empty: it has no extreme");
+        }
+        let mut out = shape.clone();
+        if keep {
+            out[axis] = 1
+        } else {
+            out.remove(axis);
+        };
+        return Ok(vec![ops::full(&out, &ops::scalar(0.0, Dtype::I64, s)?, Dtype::I64, s)?]);
+    }
     let arg = |a: &Array| {
         if max { ops::argmax_axis(a, axis as i32, keep, s) } else { ops::argmin_axis(a, axis as i32, keep, s) }
     };

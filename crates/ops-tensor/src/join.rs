@@ -8,6 +8,10 @@ fn claim_concat(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if node.inputs.iter().flatten().count() == 0 {
         return Err(Decline::new("Concat has no inputs"));
     }
+    // ORT's CPU EP refuses an omitted input (it does not skip it).
+    if node.inputs.iter().any(Option::is_none) {
+        return Err(Decline::new("an input of Concat is omitted"));
+    }
     require_types(node, ALL_TYPES)?;
     node.attr_int("axis", i64::MIN).and_then(|a| if a == i64::MIN { Err("axis is required".into()) } else { Ok(a) })?;
     Ok(())
@@ -54,6 +58,11 @@ fn lower_split(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     } else if node.since_version >= 18 {
         let n = node.attr_int("num_outputs", outputs)?;
         let chunk = (dim + n - 1) / n.max(1);
+        // Chunks of ceil(dim / n), the last one smaller: as ORT's CPU EP, refused when the
+        // last one would be empty (num_outputs above the dimension included).
+        if n < 1 || chunk * (n - 1) >= dim {
+            bail!("num_outputs {n} does not split a dimension of {dim} into chunks of {chunk}");
+        }
         (0..n).map(|i| (dim - i * chunk).clamp(0, chunk)).collect()
     } else {
         if dim % outputs != 0 {

@@ -155,9 +155,12 @@ fn plan_axis(
             "linear" => {
                 let x = x.clamp(0.0, last as f64);
                 let i0 = x.floor() as i64;
-                let t = x - i0 as f64;
+                let i1 = (i0 + 1).min(last);
+                // Where both taps are the last element, half of each, as ORT's CPU EP weighs them
+                // (the same value, but an infinity stays one instead of inf * 0).
+                let t = if i1 == i0 { 0.5 } else { x - i0 as f64 };
                 plan.taps = 2;
-                plan.indices.extend([i0, (i0 + 1).min(last)]);
+                plan.indices.extend([i0, i1]);
                 plan.weights.extend([(1.0 - t) as f32, t as f32]);
             }
             _ => {
@@ -293,6 +296,21 @@ fn resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo, modes: Modes<'_>) -> Result<V
         }
     } else {
         bail!("Resize needs scales or sizes");
+    }
+    // As ORT's CPU EP: Upsample's scales at least 1, Resize's above 0, and no empty axis
+    // resized to a nonempty one. An empty result is answered without planning.
+    for &a in &axes {
+        let v = scale[a];
+        let bad_scale = if upsample { v.is_nan() || v < 1.0 } else { shape[a] > 0 && (v.is_nan() || v <= 0.0) };
+        if bad_scale {
+            bail!("the scale {v} of axis {a} must be {}", if upsample { "1 or more" } else { "above 0" });
+        }
+        if shape[a] == 0 && out[a] != 0 {
+            bail!("axis {a} is empty and cannot be resized to {}", out[a]);
+        }
+    }
+    if out.contains(&0) {
+        return Ok(vec![ops::full(&out, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?]);
     }
     // Planned on the host per output position: refuse absurd sizes before that work.
     ep_core::lowering::check_shape(&out, x.dtype())?;
