@@ -19,7 +19,10 @@ fn lower(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
     let shape = x.shape();
     let c = *shape.last().ok_or_else(|| ep_core::Error::new("the input has rank 0: it has no features"))?;
     let count: i64 = idx.shape().iter().product();
-    if c == 0 && count > 0 {
+    if count == 0 {
+        return Err(ep_core::Error::new("no indices given (ORT's CPU EP refuses an empty selection)"));
+    }
+    if c == 0 {
         return Err(ep_core::Error::new("indices into an input with no features"));
     }
     let flat = ops::reshape(&idx, &[count], s)?;

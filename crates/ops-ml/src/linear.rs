@@ -24,8 +24,8 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     }
     let targets = node.attr_int("targets", 1)?;
     let coefficients = floats(node, "coefficients").len() as i64;
-    if targets < 1 || coefficients == 0 || coefficients % targets != 0 {
-        return Err(Decline(format!("{coefficients} coefficients do not split into {targets} target(s)")));
+    if targets < 1 || coefficients == 0 {
+        return Err(Decline(format!("{coefficients} coefficients for {targets} target(s)")));
     }
     let intercepts = floats(node, "intercepts").len() as i64;
     if intercepts != 0 && intercepts != targets {
@@ -38,14 +38,16 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let (x, s) = (ctx.input(0)?, ctx.stream());
     let targets = node.attr_int("targets", 1)?;
     let coefficients = floats(node, "coefficients");
-    let features = coefficients.len() as i64 / targets;
     let c = x.shape()[1];
-    if c != features {
+    // ORT's CPU EP reads the first `targets * features` coefficients (any beyond are unused).
+    let used = usize::try_from(targets * c).unwrap_or(usize::MAX);
+    if coefficients.len() < used {
         return Err(ep_core::Error::new(format!(
-            "the input has {c} features; the coefficients are for {features} ({targets} target(s))"
+            "the input has {c} features: {targets} target(s) need {used} coefficients, {} given",
+            coefficients.len()
         )));
     }
-    let w = Array::from_slice(coefficients, &[targets, features])?;
+    let w = Array::from_slice(&coefficients[..used], &[targets, c])?;
     let y = ops::matmul(x, &ops::transpose_axes(&w, &[1, 0], s)?, s)?;
     let intercepts = floats(node, "intercepts");
     if intercepts.is_empty() {

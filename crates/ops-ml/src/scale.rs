@@ -106,6 +106,9 @@ fn claim_normalizer(node: &NodeInfo) -> std::result::Result<(), Decline> {
 fn lower_normalizer(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let (x, s) = (ctx.input(0)?, ctx.stream());
     let x = ops::astype(x, Dtype::F32, s)?;
+    if x.shape().contains(&0) {
+        return Ok(vec![x]);
+    }
     let axes = [-1];
     let by = match norm(node).map_err(|d| ep_core::Error::new(d.0))? {
         "MAX" => ops::max_axes(&x, &axes, true, s)?,

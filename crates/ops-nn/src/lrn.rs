@@ -1,7 +1,6 @@
 //! LRN, local response normalization across channels: `y = x / (bias + alpha / size *
 //! sum(x^2 over the size channels around c))^beta` on `[N, C, H, W]` float32 (what ORT's CPU
-//! EP runs, with an odd `size`; other ranks, types and sizes are left to it). The window sum adds `size` shifted slices of
-//! the zero-padded squares, so each sum is exact to float32 rounding.
+//! EP runs, with an odd `size`; other ranks, types and sizes are left to it).
 
 use ep_core::lowering::{FnLowering, require_input_rank, require_inputs, require_types};
 use ep_core::mlx::{Array, ops};
@@ -41,16 +40,13 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let c = shape[1];
     let (lo, hi) = ((size - 1) / 2, size - 1 - (size - 1) / 2);
     let zero = ops::scalar(0.0, x.dtype(), s)?;
-    let padded = ops::pad(&ops::square(x, s)?, &[0, lo, 0, 0], &[0, hi, 0, 0], &zero, "constant", s)?;
-    let mut sum: Option<Array> = None;
-    for k in 0..size {
-        let part = ops::slice(&padded, &[0, k, 0, 0], &[shape[0], k + c, shape[2], shape[3]], s)?;
-        sum = Some(match sum {
-            None => part,
-            Some(acc) => ops::add(&acc, &part, s)?,
-        });
-    }
-    let sum = sum.expect("size >= 1");
+    // The window sums as differences of a running sum over the zero-padded squares, as ORT's
+    // CPU EP computes them: a non-finite square makes every later channel's sum NaN there too.
+    let padded = ops::pad(&ops::square(x, s)?, &[0, lo + 1, 0, 0], &[0, hi, 0, 0], &zero, "constant", s)?;
+    let running = ops::cumulative(&padded, 1, false, false, true, s)?;
+    let end = ops::slice(&running, &[0, size, 0, 0], &[shape[0], size + c, shape[2], shape[3]], s)?;
+    let start = ops::slice(&running, &[0, 0, 0, 0], &[shape[0], c, shape[2], shape[3]], s)?;
+    let sum = ops::subtract(&end, &start, s)?;
     let scale = ops::multiply(&sum, &ops::scalar(alpha / size as f64, x.dtype(), s)?, s)?;
     let base = ops::add(&scale, &ops::scalar(bias, x.dtype(), s)?, s)?;
     let denom = ops::power(&base, &ops::scalar(beta, x.dtype(), s)?, s)?;

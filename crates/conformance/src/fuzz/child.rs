@@ -14,6 +14,9 @@ use std::path::Path;
 
 pub const RESULT_MARK: &str = "FUZZ-RESULT ";
 pub const STAGE_MARK: &str = "FUZZ-STAGE ";
+/// Printed once the MLX EP's session exists when no node of the case was placed on the MLX EP
+/// (it declined them all), so a crash that follows is the CPU EP's, whichever session it is in.
+pub const NONE_ON_MLX_MARK: &str = "FUZZ-NONE-ON-MLX";
 
 /// Values of an output kept in the result line (the comparison itself sees every value).
 const HEAD: usize = 16;
@@ -174,7 +177,12 @@ fn run_ep(
     match assignment(&session) {
         Ok(placed) => {
             result.assignment =
-                placed.into_iter().map(|a| (a.ep, a.nodes.into_iter().map(|n| n.name).collect())).collect()
+                placed.into_iter().map(|a| (a.ep, a.nodes.into_iter().map(|n| n.name).collect())).collect();
+            if ep == Ep::Mlx
+                && !result.assignment.iter().any(|(e, nodes)| e == mlx_ep_host::MLX_EP && !nodes.is_empty())
+            {
+                println!("{NONE_ON_MLX_MARK}");
+            }
         }
         Err(e) => result.session_error = Some(format!("reading ORT's assignment info: {e}")),
     }

@@ -217,6 +217,14 @@ pub fn run_case(fc: &FuzzCase, opts: &Options) -> (Verdict, ChildRun) {
         let reason = format!("ORT died creating either session ({}), before any EP ran", v.reason);
         return (Verdict { class: Class::CpuCrash, reason }, run);
     }
+    let declined = alone.stdout.lines().any(|l| l == super::child::NONE_ON_MLX_MARK);
+    if matches!(mlx.class, Class::Crash | Class::Hang) && declined {
+        let reason = format!(
+            "the CPU EP {}; in the MLX EP's session too, which declined the node to the CPU EP",
+            v.reason.replacen("in stage ", "in ", 1)
+        );
+        return (Verdict { class: Class::CpuCrash, reason }, run);
+    }
     if matches!(mlx.class, Class::Crash | Class::Hang) {
         let reason = format!("MLX EP alone: {} (the CPU EP failed first: {})", mlx.reason, v.reason);
         return (Verdict { class: mlx.class, reason }, alone);
