@@ -131,12 +131,13 @@ pub fn bench(args: &[String]) -> Result {
                 "max_logit_diff": e["max_logit_diff"],
             });
         }
-        let runs = (o.steps + 1) as f64;
-        let replays = counter(&summary, "compiled replays")?;
+        // `mlx-ep-run llm` runs two generations per session (the first compiles, the second
+        // is timed): the session summary counts both.
+        let runs = 2.0 * (o.steps + 1) as f64;
         let traces = counter(&summary, "traces")?;
-        // Warm-up: the prefill (eager) and the first decode step (its shape-keyed trace);
-        // the second step traces the decode slot. Every later step should replay.
-        let retraces = (o.steps as f64 - 2.0 - replays).max(0.0);
+        // Warm-up traces: the prefill's or the first decode step's (shape-keyed) and the decode
+        // slot's; every other run should replay.
+        let retraces = (traces - 2.0).max(0.0);
         let row = json!({
             "preset": preset,
             "kv": kv,
