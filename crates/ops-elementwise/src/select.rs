@@ -33,9 +33,13 @@ fn claim_clip(node: &NodeInfo) -> std::result::Result<(), Decline> {
     for i in 0..3 {
         require_input_type(node, i, NUMERIC)?;
     }
-    // Before opset 11 the bounds are attributes, which ORT's CPU EP refuses unless min <= max.
-    if node.since_version < 11 && node.attr_float("min", f32::MIN)? > node.attr_float("max", f32::MAX)? {
-        return Err(Decline::new("Clip's min attribute is above its max"));
+    // Before opset 11 the bounds are attributes, which ORT's CPU EP refuses unless min <= max
+    // (so a NaN bound too).
+    if node.since_version < 11 {
+        let (min, max) = (node.attr_float("min", f32::MIN)?, node.attr_float("max", f32::MAX)?);
+        if !matches!(min.partial_cmp(&max), Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)) {
+            return Err(Decline(format!("Clip's min attribute ({min}) is not at most its max ({max})")));
+        }
     }
     Ok(())
 }

@@ -143,6 +143,27 @@ fn lower_qlinear_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Arr
         Ok(if a.size() > 1 { ops::reshape(&a, &[1, m, 1, 1], s)? } else { ops::reshape(&a, &[], s)? })
     };
     crate::conv::check_bias(ctx.optional_input(8), m)?;
+    // As ORT's CPU EP requires: the input's and the result's scale and zero point one value
+    // each, the weight's one or one per output channel.
+    for (i, what, per_channel) in [
+        (1, "x_scale", false),
+        (2, "x_zero_point", false),
+        (4, "w_scale", true),
+        (5, "w_zero_point", true),
+        (6, "y_scale", false),
+        (7, "y_zero_point", false),
+    ] {
+        let a = ctx.input(i)?;
+        let n = a.size() as i64;
+        let ok = a.ndim() <= 1 && (n == 1 || (per_channel && n == m));
+        if !ok {
+            ep_core::bail!(
+                "{what} has shape {:?}: it must be a scalar or a 1-element vector{}",
+                a.shape(),
+                if per_channel { format!(" or hold one value per output channel ({m})") } else { String::new() }
+            );
+        }
+    }
     if let Some(b) = ctx.optional_input(8) {
         acc = ops::add(&acc, &ops::reshape(b, &[1, m, 1, 1], s)?, s)?;
     }
@@ -155,6 +176,9 @@ fn lower_qlinear_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Arr
     let (lo, hi) = if t == Dtype::I8 { (-128.0, 127.0) } else { (0.0, 255.0) };
     let q = ops::round(&ops::multiply(&ops::astype(&acc, Dtype::F32, s)?, &scale, s)?, s)?;
     let q = ops::add(&q, &channel(ctx.input(7)?)?, s)?;
+    // A NaN (from a NaN scale) saturates to the type's lowest value, as ORT's CPU EP's
+    // float-to-integer conversion leaves it.
+    let q = ops::where_(&ops::not_equal(&q, &q, s)?, &ops::scalar(lo, Dtype::F32, s)?, &q, s)?;
     let q = ops::clip(&q, Some(&ops::scalar(lo, Dtype::F32, s)?), Some(&ops::scalar(hi, Dtype::F32, s)?), s)?;
     Ok(vec![ops::astype(&q, t, s)?])
 }

@@ -27,6 +27,18 @@ fn lower_dropout(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> 
             bail!("Dropout in training mode is not supported");
         }
     }
+    let x = x.clone();
+    if let Some(ratio) = ctx.optional_input(1).cloned() {
+        // ORT's CPU EP checks the ratio even at inference.
+        let s = ctx.stream();
+        let r = ops::astype(&ratio, Dtype::F32, s)?;
+        let valid = ops::logical_and(
+            &ops::greater_equal(&r, &ops::scalar(0.0, Dtype::F32, s)?, s)?,
+            &ops::less(&r, &ops::scalar(1.0, Dtype::F32, s)?, s)?,
+            s,
+        )?;
+        ctx.check(&valid, "ratio must be in the range [0, 1)")?;
+    }
     let mut outs = vec![x.clone()];
     if node.outputs.len() > 1 {
         outs.push(ops::full(&x.shape(), &ops::scalar(1.0, Dtype::Bool, ctx.stream())?, Dtype::Bool, ctx.stream())?);

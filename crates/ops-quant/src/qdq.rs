@@ -333,6 +333,10 @@ fn lower_qlinear_matmul(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<
     let one = ops::scalar(1.0, Dtype::F32, s)?;
     let zp = ops::reshape(&f32(ctx.input(7)?, s)?, &[], s)?;
     let scaled = ops::multiply(&f32(&acc, s)?, &multiplier, s)?;
+    // A NaN product (a NaN scale) saturates to the type's lowest value, as ORT's CPU EP's
+    // float-to-integer conversion leaves it.
+    let lowest = ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?;
+    let scaled = ops::where_(&ops::not_equal(&scaled, &scaled, s)?, &lowest, &scaled, s)?;
     Ok(vec![quantize(&scaled, &one, Some(&zp), t, range(t)?, s)?])
 }
 

@@ -256,6 +256,12 @@ fn claim_space(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if node.attr_int("blocksize", 0)? < 1 {
         return Err(Decline::new("blocksize must be positive"));
     }
+    // DepthToSpace's mode: ORT's CPU EP knows DCR and CRD only (SpaceToDepth has none).
+    match node.attr("mode") {
+        None => {}
+        Some(ep_core::AttrValue::String(m)) if m == "DCR" || m == "CRD" => {}
+        Some(other) => return Err(Decline(format!("mode={other:?} is not DCR or CRD"))),
+    }
     Ok(())
 }
 

@@ -43,6 +43,14 @@ fn claim_resize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if !matches!(policy, "stretch" | "not_larger" | "not_smaller") {
         return Err(Decline(format!("keep_aspect_ratio_policy '{policy}' is not supported")));
     }
+    // Left to ORT's CPU EP, which refuses them as ONNX does.
+    let nearest = string_attr(node, "nearest_mode", "round_prefer_floor");
+    if !matches!(nearest, "round_prefer_floor" | "round_prefer_ceil" | "floor" | "ceil") {
+        return Err(Decline(format!("nearest_mode '{nearest}' is not an ONNX nearest mode")));
+    }
+    if node.attr_int("exclude_outside", 0)? != 0 && mode != "cubic" {
+        return Err(Decline(format!("exclude_outside with mode '{mode}' (only cubic takes it here)")));
+    }
     Ok(())
 }
 
