@@ -294,6 +294,7 @@ def fuzz_cases():
     LIMITED.update(dict.fromkeys(limited, AS_LIMIT))
     out.update(limited)
     out.update(shape_rule_cases())
+    out.update(third_round_cases())
     return out
 
 
@@ -420,6 +421,52 @@ def shape_rule_cases():
     for label, x in {"NaN": [np.nan], "-inf": [-np.inf, 3.0, 1.0]}.items():
         out[f"DynamicQuantizeLinear[{label}]"] = case(
             "DynamicQuantizeLinear", [("x", F, [None])], {"x": np.array(x, np.float32)}, n_out=3, opset=11)
+    return out
+
+
+def third_round_cases():
+    """The fuzzer's third round: attributes ORT's CPU EP refuses (a NaN Clip bound, unknown
+    DepthToSpace and Resize modes), data it refuses (an infinite Dropout ratio, NaN into
+    Binarizer, ArrayFeatureExtractor indices outside the features or none at all) and the
+    answers it gives for infinities into LRN and a NaN QLinearMatMul scale."""
+    ML, I8 = "ai.onnx.ml", TensorProto.INT8
+    lrn_x = rand(1, 5, 1, 2)
+    lrn_x[0, 1, 0, 0] = -np.inf
+    out = {
+        "Clip[NaN max attribute]": case("Clip", [("x", F, [4])], {"x": rand(4)}, opset=9, min=-1.5, max=float("nan")),
+        "DepthToSpace[unknown mode]": case(
+            "DepthToSpace", [("x", F, [2, 8, 1, 2])], {"x": rand(2, 8, 1, 2)}, opset=13, blocksize=2, mode="NOTSET"),
+        "Resize[unknown nearest_mode]": case(
+            "Resize", [("x", F, [1, 1, 2, 2]), None, ("sc", F, [4])],
+            {"x": rand(1, 1, 2, 2), "sc": np.array([1, 1, 2, 2], np.float32)}, opset=13, mode="nearest",
+            nearest_mode="NOTSET"),
+        "Resize[exclude_outside with linear]": case(
+            "Resize", [("x", F, [1, 1, 2, 2]), None, ("sc", F, [4])],
+            {"x": rand(1, 1, 2, 2), "sc": np.array([1, 1, 2, 2], np.float32)}, opset=13, mode="linear",
+            exclude_outside=1),
+        "Dropout[infinite ratio]": case(
+            "Dropout", [("x", F, [5, 3]), ("r", F, [])], {"x": rand(5, 3), "r": np.array(np.inf, np.float32)},
+            opset=15),
+        "Binarizer[NaN]": case(
+            "Binarizer", [("x", F, [3])], {"x": np.array([1.0, np.nan, 0.0], np.float32)}, domain=ML),
+        "ArrayFeatureExtractor[index past the features]": case(
+            "ArrayFeatureExtractor", [("x", F, [2, 3]), ("i", I64, [1])],
+            {"x": rand(2, 3), "i": np.array([3], np.int64)}, domain=ML),
+        "ArrayFeatureExtractor[negative index]": case(
+            "ArrayFeatureExtractor", [("x", F, [2, 3]), ("i", I64, [1])],
+            {"x": rand(2, 3), "i": np.array([-1], np.int64)}, domain=ML),
+        "ArrayFeatureExtractor[no indices]": case(
+            "ArrayFeatureExtractor", [("x", F, [2, 3]), ("i", I64, [None])],
+            {"x": rand(2, 3), "i": np.zeros(0, np.int64)}, domain=ML),
+        "LRN[-inf input]": case("LRN", [("x", F, [1, 5, 1, 2])], {"x": lrn_x}, size=3),
+        "QLinearMatMul[NaN result scale]": case(
+            "QLinearMatMul",
+            [("a", I8, [1, 3]), ("as", F, []), ("az", I8, []), ("b", I8, [3, 2]), ("bs", F, []), ("bz", I8, []),
+             ("ys", F, []), ("yz", I8, [])],
+            {"a": np.array([[1, 2, 3]], np.int8), "as": np.array(0.5, np.float32), "az": np.array(0, np.int8),
+             "b": np.ones((3, 2), np.int8), "bs": np.array(0.25, np.float32), "bz": np.array(0, np.int8),
+             "ys": np.array(np.nan, np.float32), "yz": np.array(1, np.int8)}, opset=10),
+    }
     return out
 
 
