@@ -71,8 +71,8 @@ pub fn run(args: &[String]) -> Result {
     }
     // The bounded bad-input fuzz run (`cargo xtask fuzz`, 2000 cases at a fixed seed) is left
     // out while it finds wrong answers: its cases are drawn round-robin over every spec, so the
-    // ops added since its last clean run moved it to another sample, which still finds 6
-    // wrong answers and 2 spurious errors (README, Reliability).
+    // ops added since its last clean run moved it to another sample, which still finds 4
+    // wrong answers and 1 spurious error (README, Reliability).
     Ok(())
 }
 

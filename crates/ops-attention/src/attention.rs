@@ -85,6 +85,9 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
         Ok(())
     };
     if let Some(mask) = ctx.optional_input(3) {
+        if !(2..=4).contains(&mask.ndim()) {
+            ep_core::bail!("attn_mask has rank {}: it must have 2 to 4 dimensions", mask.ndim());
+        }
         let mut m = if mask.dtype() == Dtype::Bool { ops::where_(mask, &zero, &neg_inf, s)? } else { f32(mask)? };
         let ms = m.shape();
         let last = *ms.last().unwrap_or(&total);

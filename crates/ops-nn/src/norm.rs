@@ -472,7 +472,13 @@ ep_core::register_lowering!(
 
 fn claim_mvn(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 1, 1)?;
-    require_input_type(node, 0, FLOATS)
+    require_input_type(node, 0, FLOATS)?;
+    // ORT's CPU EP computes MVN for 4-D [N, C, H, W] layouts: other ranks are left to it (its
+    // answer there is its own).
+    if ep_core::lowering::input_rank(node, 0).is_some_and(|r| r != 4) {
+        return Err(Decline::new("MeanVarianceNormalization runs here on 4-D inputs"));
+    }
+    Ok(())
 }
 
 /// `(x - mean) / (sqrt(var) + 1e-9)` over `axes` (default `[0, 2, 3]`), as ONNX's function body
@@ -481,6 +487,9 @@ fn lower_mvn(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
     let s = ctx.stream();
     let r = x.ndim();
+    if r != 4 {
+        ep_core::bail!("MeanVarianceNormalization needs a 4-D input here; it was fed {:?}", x.shape());
+    }
     let axes: Vec<i32> = match node.attr_ints("axes")? {
         Some(a) => a.iter().map(|&a| normalize_axis(a, r).map(|a| a as i32)).collect::<std::result::Result<_, _>>()?,
         None => vec![0, 2, 3],

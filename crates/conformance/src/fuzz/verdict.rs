@@ -113,6 +113,13 @@ pub const CPU_LENIENT: &[(&str, &[&str], &str, &str)] = &[
         "the CPU EP answers an empty top-k for k past the axis",
     ),
     (
+        "ConstantOfShape",
+        &["index-out-of-range", "huge-shape-value"],
+        "is outside 0..=2^31-1",
+        "an empty result with a dimension past 2^31 - 1: MLX holds dimensions as 32-bit integers, \
+         so the EP refuses it by name where the CPU EP answers the empty tensor",
+    ),
+    (
         "com.microsoft:GatherBlockQuantized",
         &["index-out-of-range", "huge-shape-value"],
         "indices out of range",
