@@ -61,6 +61,12 @@ fn integer_conv(
     }
     let kernel = ws[2..].to_vec();
     let window = Window::of(node, &xs[2..], kernel.clone(), false)?;
+    // ConvInteger over an empty spatial axis that its pads make non-empty: every window holds
+    // only padding (the input's zero point), so every sum is 0, as ORT's CPU EP answers.
+    if node.op_type == "ConvInteger" && xs[1] > 0 && xs[2..].contains(&0) && window.out.iter().all(|&o| o > 0) {
+        let shape = [vec![xs[0], ws[0]], window.out.clone()].concat();
+        return Ok(ops::full(&shape, &ops::scalar(0.0, Dtype::I32, s)?, Dtype::I32, s)?);
+    }
     if let Some(shape) = empty_conv(&xs, &ws, &window)? {
         return Ok(ops::full(&shape, &ops::scalar(0.0, Dtype::I32, s)?, Dtype::I32, s)?);
     }

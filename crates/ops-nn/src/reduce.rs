@@ -84,6 +84,7 @@ fn reduce(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Arr
         match kind {
             Kind::Sum | Kind::L1 | Kind::L2 | Kind::SumSquare | Kind::LogSum => ops::sum_axes(&pre, &reduced, true, s)?,
             Kind::Mean => ops::mean_axes(&pre, &reduced, true, s)?,
+            Kind::Max | Kind::Min if pre.dtype().is_float() => nan_as_ort(&pre, &reduced, kind == Kind::Max, s)?,
             Kind::Max => ops::max_axes(&pre, &reduced, true, s)?,
             Kind::Min => ops::min_axes(&pre, &reduced, true, s)?,
             Kind::Prod => ops::prod_axes(&pre, &reduced, true, s)?,
@@ -99,6 +100,21 @@ fn reduce(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Arr
         (0..r).filter_map(|d| if axes.contains(&d) { keep.then_some(1) } else { Some(shape[d]) }).collect();
     let y = ops::reshape(&y, &out_shape, s)?;
     Ok(vec![cast_back(&y, dtype, s)?])
+}
+
+/// Max or min over `axes` (kept) as ORT's CPU EP computes it for floats: its running
+/// comparison keeps the first element when that is NaN and skips every later NaN, so the result
+/// is NaN exactly when the first element of the reduced block is, else the max (min) of the
+/// others.
+fn nan_as_ort(x: &Array, axes: &[i32], max: bool, s: &Stream) -> Result<Array> {
+    let shape = x.shape();
+    let stop: Vec<i64> =
+        shape.iter().enumerate().map(|(d, &n)| if axes.contains(&(d as i32)) { 1 } else { n }).collect();
+    let first = ops::slice(x, &vec![0; shape.len()], &stop, s)?;
+    let skip = ops::scalar(if max { f64::NEG_INFINITY } else { f64::INFINITY }, x.dtype(), s)?;
+    let clean = ops::where_(&ops::not_equal(x, x, s)?, &skip, x, s)?;
+    let y = if max { ops::max_axes(&clean, axes, true, s)? } else { ops::min_axes(&clean, axes, true, s)? };
+    Ok(ops::where_(&ops::not_equal(&first, &first, s)?, &first, &y, s)?)
 }
 
 /// The reduction of an input without elements, as ORT's CPU EP answers it: the axes are taken

@@ -317,17 +317,38 @@ fn resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo, modes: Modes<'_>) -> Result<V
             bail!("axis {a} is empty and cannot be resized to {}", out[a]);
         }
     }
+    // The layouts ORT's CPU EP interpolates linearly or cubically (its scale validation).
+    let mode = string_attr(node, "mode", "nearest");
+    let one = |a: usize| scale.get(a) == Some(&1.0);
+    let rank = shape.len();
+    let supported = match mode {
+        "linear" | "bilinear" => {
+            rank == 2 || rank == 3 || rank == 4 && one(0) && (one(1) || one(3)) || rank == 5 && one(0) && one(1)
+        }
+        "cubic" => rank == 2 || rank == 4 && one(0) && one(1),
+        _ => true,
+    };
+    if !supported {
+        bail!(
+            "{mode} interpolation of a {rank}-D input with scales {scale:?}: ORT's CPU EP takes 2-D and 3-D inputs, \
+             and 4-D (5-D for linear) ones whose outer scales are 1"
+        );
+    }
     if out.contains(&0) {
         return Ok(vec![ops::full(&out, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?]);
     }
     // Planned on the host per output position: refuse absurd sizes before that work.
     ep_core::lowering::check_shape(&out, x.dtype())?;
-    let mode = string_attr(node, "mode", "nearest");
     let mode = if upsample && mode == "bilinear" { "linear" } else { mode };
     let extrapolation = node.attr_float("extrapolation_value", 0.0)? as f64;
     let mut y = x.clone();
     for (j, &a) in axes.iter().enumerate() {
-        if out[a] == shape[a] && scale[a] == 1.0 {
+        // An axis kept as it is needs no interpolation, except the axes ORT's CPU EP
+        // interpolates linearly whatever their scale (the last two of a 2-D or 4-D input, the
+        // last three of a 5-D one), where its taps of weight 0 turn an infinity into NaN.
+        let rank = shape.len();
+        let always = mode == "linear" && ((rank == 2 || rank == 4) && a + 2 >= rank || rank == 5 && a >= 2);
+        if out[a] == shape[a] && scale[a] == 1.0 && !always {
             continue;
         }
         let roi_a = match &roi {

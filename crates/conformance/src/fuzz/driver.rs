@@ -201,7 +201,8 @@ pub fn run_case(fc: &FuzzCase, opts: &Options) -> (Verdict, ChildRun) {
     let (stage, _) = verdict::parse_stdout(&run.stdout);
     let in_cpu = stage.as_deref().is_some_and(|s| s.starts_with("cpu"));
     if !(in_cpu && matches!(v.class, Class::Crash | Class::Hang)) {
-        return (verdict::excuse(v, &fc.op, &fc.mutation), run);
+        let attributes = fc.case.nodes.first().map(|n| n.attributes.as_slice()).unwrap_or(&[]);
+        return (verdict::excuse(v, &fc.op, &fc.mutation, attributes), run);
     }
     let alone = match spawn(&["--fuzz-child", "-", "--mlx-only"], &json, fc.compile, opts) {
         Ok(run) => run,
