@@ -428,8 +428,9 @@ def third_round_cases():
     """The fuzzer's third round: attributes ORT's CPU EP refuses (a NaN Clip bound, unknown
     DepthToSpace and Resize modes), data it refuses (an infinite Dropout ratio, NaN into
     Binarizer, ArrayFeatureExtractor indices outside the features or none at all) and the
-    answers it gives for infinities into LRN and a NaN QLinearMatMul scale."""
-    ML, I8 = "ai.onnx.ml", TensorProto.INT8
+    answers it gives for infinities into LRN and linear Upsample, NaN in ReduceMax/ReduceMin
+    and a NaN QLinearMatMul scale, and a ConvInteger over padding only."""
+    ML, I8, U8 = "ai.onnx.ml", TensorProto.INT8, TensorProto.UINT8
     lrn_x = rand(1, 5, 1, 2)
     lrn_x[0, 1, 0, 0] = -np.inf
     out = {
@@ -459,6 +460,25 @@ def third_round_cases():
             "ArrayFeatureExtractor", [("x", F, [2, 3]), ("i", I64, [None])],
             {"x": rand(2, 3), "i": np.zeros(0, np.int64)}, domain=ML),
         "LRN[-inf input]": case("LRN", [("x", F, [1, 5, 1, 2])], {"x": lrn_x}, size=3),
+        "ReduceMax[NaN first and later]": case(
+            "ReduceMax", [("x", F, [2, 3]), ("a", I64, [1])],
+            {"x": np.array([[1.0, np.nan, 2.0], [np.nan, 1.0, 2.0]], np.float32), "a": np.array([1], np.int64)},
+            opset=18),
+        "ReduceMin[float16 NaN later]": case(
+            "ReduceMin", [("x", TensorProto.FLOAT16, [2, 3]), ("a", I64, [1])],
+            {"x": np.array([[1.0, np.nan, -2.0], [3.0, 1.0, np.nan]], np.float16), "a": np.array([1], np.int64)},
+            opset=18),
+        "Upsample[linear over an infinity]": case(
+            "Upsample", [("x", F, [1, 1, 2, 2]), ("sc", F, [4])],
+            {"x": np.array([[[[1.0, 2.0], [np.inf, 3.0]]]], np.float32), "sc": np.array([1, 1, 1, 2], np.float32)},
+            opset=9, mode="linear"),
+        "Resize[linear with the batch scaled]": case(
+            "Resize", [("x", F, [2, 1, 2, 2]), None, ("sc", F, [4])],
+            {"x": rand(2, 1, 2, 2), "sc": np.array([0.5, 1, 1, 2], np.float32)}, opset=13, mode="linear"),
+        "ConvInteger[empty axis the pads fill]": case(
+            "ConvInteger", [("x", U8, [2, 2, 3, None]), ("w", I8, [1, 2, 1, 1])],
+            {"x": np.zeros((2, 2, 3, 0), np.uint8), "w": np.ones((1, 2, 1, 1), np.int8)}, opset=10,
+            kernel_shape=[1, 1], strides=[2, 2], pads=[1, 1, 1, 1]),
         "QLinearMatMul[NaN result scale]": case(
             "QLinearMatMul",
             [("a", I8, [1, 3]), ("as", F, []), ("az", I8, []), ("b", I8, [3, 2]), ("bs", F, []), ("bz", I8, []),

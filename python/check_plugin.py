@@ -31,7 +31,7 @@ def check(name, fn):
 
 def model(nodes, inputs, outputs, initializers=(), opset=17):
     graph = helper.make_graph(nodes, "check", inputs, outputs, list(initializers))
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("ai.onnx.ml", 1)])
     m.ir_version = 10
     onnx.checker.check_model(m)
     return m.SerializeToString()
@@ -65,7 +65,9 @@ def test_mixed_graph():
         [
             helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
             helper.make_node("Relu", ["h"], ["r"], name="relu"),
-            helper.make_node("Shrink", ["r"], ["c"], name="shrink", lambd=0.25),
+            # An op without an MLX lowering: replaces -1 (never a Relu output) by 0.5, so the identity.
+            helper.make_node("Imputer", ["r"], ["c"], name="impute", domain="ai.onnx.ml",
+                             imputed_value_floats=[0.5], replaced_value_float=-1.0),
             helper.make_node("Softmax", ["c"], ["y"], name="softmax", axis=-1),
         ],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
@@ -74,13 +76,13 @@ def test_mixed_graph():
     )
     s = mlx_session(m)
     a = assigned(s)
-    assert a == {"mm": EP, "relu": EP, "shrink": "CPUExecutionProvider", "softmax": EP}, a
+    assert a == {"mm": EP, "relu": EP, "impute": "CPUExecutionProvider", "softmax": EP}, a
     x = rng.standard_normal((4, 8)).astype(np.float32)
     got = s.run(None, {"x": x})[0]
     want = cpu_session(m).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     r = np.maximum(x @ w, 0)
-    h = np.where(r > 0.25, r, 0).astype(np.float32)  # Shrink(lambd=0.25, bias=0) of a non-negative input
+    h = r.astype(np.float32)  # nothing for Imputer to replace
     ref = np.exp(h) / np.exp(h).sum(-1, keepdims=True)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
 
@@ -106,7 +108,12 @@ def test_float16():
 def if_model(then_op):
     """relu -> If(cond) -> tanh; the branches read `x` and the initializer `W` from the outer scope."""
     then_g = helper.make_graph(
-        [helper.make_node(then_op, ["x", "W"] if then_op != "Shrink" else ["x"], ["t_out"], name="then_node")],
+        [
+            helper.make_node(then_op, ["x", "W"], ["t_out"], name="then_node")
+            if then_op != "Imputer"
+            else helper.make_node("Imputer", ["x"], ["t_out"], name="then_node", domain="ai.onnx.ml",
+                                  imputed_value_floats=[0.5], replaced_value_float=-1.0)
+        ],
         "then",
         [],
         [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, [3])],
@@ -150,7 +157,7 @@ def test_if_runs_whole_on_mlx():
 
 
 def test_if_with_an_unsupported_branch_node_stays_on_cpu():
-    check_if("Shrink", "CPUExecutionProvider")
+    check_if("Imputer", "CPUExecutionProvider")
 
 
 def test_int4_dequantize():
@@ -337,7 +344,7 @@ def main():
         return 2
     ort.register_execution_provider_library("MLX", lib)
     check("onnxruntime is the pinned 1.31.1", test_version)
-    check("mixed graph: claimed nodes on MLX, Shrink on CPU, outputs match", test_mixed_graph)
+    check("mixed graph: claimed nodes on MLX, Imputer on CPU, outputs match", test_mixed_graph)
     check("float16 graph on MLX", test_float16)
     check("If with outer-scope values: the whole node on MLX, both branches match", test_if_runs_whole_on_mlx)
     check("If whose branch has an unsupported node stays on CPU and matches", test_if_with_an_unsupported_branch_node_stays_on_cpu)

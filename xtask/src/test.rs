@@ -3,8 +3,8 @@
 //! workspace build, `cargo test --workspace`, the property suite at a bounded case count, the
 //! ONNX node tests and model suites (no test on the committed passing list may fail), the
 //! Python checks against the wheel's ORT (the plugin, the installed wheel, bad input,
-//! concurrency, quantized transformers, the EP's memory as a device, soak and churn). The
-//! bounded fuzz run (`cargo xtask fuzz`) is not part of it until it is clean again.
+//! concurrency, quantized transformers, the EP's memory as a device, soak and churn), and
+//! the bounded bad-input fuzz run (`cargo xtask fuzz` without options).
 
 use crate::setup;
 use crate::util::{self, Result, step};
@@ -69,11 +69,8 @@ pub fn run(args: &[String]) -> Result {
                 .env("ORT_MLX_EP_LIB", util::plugin_path("debug")),
         )?;
     }
-    // The bounded bad-input fuzz run (`cargo xtask fuzz`, 2000 cases at a fixed seed) is left
-    // out while it finds wrong answers: its cases are drawn round-robin over every spec, so the
-    // ops added since its last clean run moved it to another sample, which still finds 4
-    // wrong answers and 1 spurious error (README, Reliability).
-    Ok(())
+    // Last, the bounded bad-input fuzz run (`cargo xtask fuzz`: 2000 cases at a fixed seed).
+    crate::fuzz::bounded()
 }
 
 /// Builds the wheel (debug plugin), installs it with `onnxruntime==1.31.1` into a fresh venv,

@@ -5,7 +5,7 @@
 //! Needs `ORT_MLX_EP_LIB` (the built plugin) and `ORT_DYLIB_PATH` (ONNX Runtime): `cargo xtask
 //! test` provides both. Without them these tests fail, never skip.
 
-use mlx_ep_host::models::{self, Io, graph_model, node};
+use mlx_ep_host::models::{self, Io, domain_node, graph_model, graph_model_with_opsets, node};
 use mlx_ep_host::ort::editor::Model;
 use mlx_ep_host::ort::operator::Attribute;
 use mlx_ep_host::ort::value::TensorElementType::{Float16, Float32, Float64};
@@ -43,19 +43,23 @@ fn assert_on(assign: &[mlx_ep_host::Assignment], node: &str, ep: &str) {
 
 #[test]
 fn claimed_nodes_run_on_mlx_and_the_rest_on_cpu() -> Result<()> {
-    // MatMul -> Relu -> Shrink (no MLX lowering) -> Softmax -> Tanh
+    // MatMul -> Relu -> ai.onnx.ml Imputer (no MLX lowering) -> Softmax -> Tanh
     let build = || {
         let x: Io = ("x", Float32, &[3, 8]);
         let y: Io = ("y", Float32, &[3, 5]);
-        graph_model(
-            17,
+        let imputer = vec![
+            ort::operator::Attribute::new("imputed_value_floats", vec![0.5f32])?,
+            ort::operator::Attribute::new("replaced_value_float", -1.0f32)?,
+        ];
+        graph_model_with_opsets(
+            &[("", 17), ("ai.onnx.ml", 1)],
             &[x],
             &[y],
             &[("W", &[8, 5])],
             vec![
                 node("MatMul", "mm", &["x", "W"], &["h"], vec![])?,
                 node("Relu", "relu", &["h"], &["r"], vec![])?,
-                node("Shrink", "shrink", &["r"], &["c"], vec![])?,
+                domain_node("ai.onnx.ml", "Imputer", "impute", &["r"], &["c"], imputer)?,
                 node("Softmax", "softmax", &["c"], &["s"], vec![])?,
                 node("Tanh", "tanh", &["s"], &["y"], vec![])?,
             ],
@@ -65,7 +69,7 @@ fn claimed_nodes_run_on_mlx_and_the_rest_on_cpu() -> Result<()> {
     for n in ["mm", "relu", "softmax", "tanh"] {
         assert_on(&assign, n, MLX_EP);
     }
-    assert_on(&assign, "shrink", CPU_EP);
+    assert_on(&assign, "impute", CPU_EP);
     let mlx_partitions = assign.iter().filter(|a| a.ep == MLX_EP).count();
     assert_eq!(mlx_partitions, 2, "one partition on each side of the CPU node: {assign:?}");
     assert_close(&got, &expected, 1e-5, 1e-4);
