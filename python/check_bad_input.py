@@ -421,6 +421,7 @@ def shape_rule_cases():
     for label, x in {"NaN": [np.nan], "-inf": [-np.inf, 3.0, 1.0]}.items():
         out[f"DynamicQuantizeLinear[{label}]"] = case(
             "DynamicQuantizeLinear", [("x", F, [None])], {"x": np.array(x, np.float32)}, n_out=3, opset=11)
+    out.update(deep_run_cases())
     return out
 
 
@@ -445,7 +446,7 @@ def third_round_cases():
             "Resize", [("x", F, [1, 1, 2, 2]), None, ("sc", F, [4])],
             {"x": rand(1, 1, 2, 2), "sc": np.array([1, 1, 2, 2], np.float32)}, opset=13, mode="linear",
             exclude_outside=1),
-        "Dropout[infinite ratio]": case(
+        "Dropout[infinite ratio, 5x3]": case(
             "Dropout", [("x", F, [5, 3]), ("r", F, [])], {"x": rand(5, 3), "r": np.array(np.inf, np.float32)},
             opset=15),
         "Binarizer[NaN]": case(
@@ -488,6 +489,117 @@ def third_round_cases():
              "ys": np.array(np.nan, np.float32), "yz": np.array(1, np.int8)}, opset=10),
     }
     return out
+
+
+def deep_run_cases():
+    """The deep fuzz run's findings (cargo xtask fuzz --cases 12000 --seed 20261204)."""
+    MS, H, U8, I8, I32 = "com.microsoft", TensorProto.FLOAT16, TensorProto.UINT8, TensorProto.INT8, TensorProto.INT32
+    nan, inf = np.float32(np.nan), np.float32(np.inf)
+    f = lambda *v: np.array(v, np.float32)  # noqa: E731
+    gqa = [("q", F, [2, 1, 16]), ("k", F, [2, 1, None]), ("v", F, [2, 1, 16]), None, None,
+           ("sl", I32, [2]), ("tl", I32, [])]
+    gqa_feeds = {"q": rand(2, 1, 16), "v": rand(2, 1, 16), "sl": np.zeros(2, np.int32), "tl": np.array(1, np.int32)}
+    q8 = [("x", I8, [1, 2, 3, 3]), ("xs", F, []), ("xz", I8, []), ("w", I8, [2, 2, 1, 1]), ("ws", F, []),
+          ("wz", I8, []), ("ys", F, []), ("yz", I8, [])]
+    q8_feeds = {"x": np.ones((1, 2, 3, 3), np.int8), "xs": f(0.5), "xz": np.array(0, np.int8),
+                "w": np.ones((2, 2, 1, 1), np.int8), "ws": np.array(np.nan, np.float32), "wz": np.array(0, np.int8),
+                "ys": f(1.0), "yz": np.array(0, np.int8)}
+    x_inf = rand(1, 1, 3, 4)
+    x_inf[0, 0, 0, 2] = inf
+    return {
+        # ORT's CPU kernel divides by the zero ratio of these heads: refused when the node runs.
+        "GroupQueryAttention[kv_num_heads above num_heads]": case(
+            "GroupQueryAttention", gqa, {**gqa_feeds, "k": rand(2, 1, 16)}, n_out=3, domain=MS, num_heads=1,
+            kv_num_heads=1 << 40),
+        "GroupQueryAttention[key of another head size]": case(
+            "GroupQueryAttention", gqa, {**gqa_feeds, "k": rand(2, 1, 15)}, n_out=3, domain=MS, num_heads=1,
+            kv_num_heads=1),
+        "Attention[mask of rank 8]": case(
+            "Attention", [("q", F, [2, 2, 3, 4]), ("k", F, [2, 1, 3, 4]), ("v", F, [2, 1, 3, 4]), ("m", F, None)],
+            {"q": rand(2, 2, 3, 4), "k": rand(2, 1, 3, 4), "v": rand(2, 1, 3, 4), "m": rand(1, 2, 1, 2, 2, 1, 3, 3)},
+            opset=23),
+        "Attention[no query tokens]": case(
+            "Attention", [("q", F, [1, 2, None, 2]), ("k", F, [1, 2, 1, 2]), ("v", F, [1, 2, 1, 2])],
+            {"q": rand(1, 2, 0, 2), "k": rand(1, 2, 1, 2), "v": rand(1, 2, 1, 2)}, opset=23),
+        "ConvInteger[kernel_shape vs weight]": case(
+            "ConvInteger", [("x", U8, [1, 4, 6, 6]), ("w", U8, [4, 2, 2, 2])],
+            {"x": np.ones((1, 4, 6, 6), np.uint8), "w": np.ones((4, 2, 2, 2), np.uint8)}, group=2, kernel_shape=[9, 2]),
+        "ConvTranspose[output_padding not below the stride]": case(
+            "ConvTranspose", [("x", F, [2, 1, 3, 4]), ("w", F, [1, 1, 3, 1])], {"x": rand(2, 1, 3, 4), "w": rand(1, 1, 3, 1)},
+            output_padding=[1, 1], pads=[1, 0, 1, 0]),
+        "ConvTranspose[empty spatial input]": case(
+            "ConvTranspose", [("x", F, [2, 2, None]), ("w", F, [2, 2, 2])], {"x": rand(2, 2, 0), "w": rand(2, 2, 2)}),
+        "QLinearConv[NaN weight scale]": case("QLinearConv", q8, q8_feeds),
+        "QLinearMatMul[NaN b scale]": case(
+            "QLinearMatMul", [("a", I8, [2, 3]), ("as", F, []), ("az", I8, []), ("b", I8, [3, 4]), ("bs", F, []),
+                              ("bz", I8, []), ("ys", F, []), ("yz", I8, [])],
+            {"a": np.ones((2, 3), np.int8), "as": f(0.5), "az": np.array(0, np.int8), "b": np.ones((3, 4), np.int8),
+             "bs": np.array(np.nan, np.float32), "bz": np.array(0, np.int8), "ys": f(1.0), "yz": np.array(0, np.int8)}),
+        "QuantizeLinear[NaN to int8]": case(
+            "QuantizeLinear", [("x", F, [3]), ("s", F, []), ("z", I8, [])],
+            {"x": f(nan, 1.0, -inf), "s": f(1.0), "z": np.array(3, np.int8)}, opset=19),
+        "DequantizeLinear[zero point of rank 7]": case(
+            "DequantizeLinear", [("x", U8, [1, 5]), ("s", F, []), ("z", U8, None)],
+            {"x": np.ones((1, 5), np.uint8), "s": f(0.5), "z": np.ones((1,) * 7, np.uint8)}, opset=19),
+        "MatMulInteger[a zero point per row]": case(
+            "MatMulInteger", [("a", U8, [2, 3]), ("b", U8, [3, 4]), ("az", U8, None)],
+            {"a": np.ones((2, 3), np.uint8), "b": np.ones((3, 4), np.uint8), "az": np.ones(2, np.uint8)}),
+        "MatMul[no rows by a vector]": case(
+            "MatMul", [("a", F, [None, 2]), ("b", F, [2])], {"a": rand(0, 2), "b": rand(2)}),
+        "FusedMatMul[transA 2^40]": case(
+            "FusedMatMul", [("a", F, [2, 3]), ("b", F, [2, 4])], {"a": rand(2, 3), "b": rand(2, 4)}, domain=MS,
+            transA=1 << 40),
+        "FastGelu[float16 bias broadcast]": case(
+            "FastGelu", [("x", H, [1, 2]), ("b", H, [None])],
+            {"x": np.ones((1, 2), np.float16), "b": np.ones(1, np.float16)}, domain=MS),
+        "BatchNormalization[infinite scale]": case(
+            "BatchNormalization", [("x", F, [1, 2, 3]), ("g", F, [2]), ("b", F, [2]), ("m", F, [2]), ("v", F, [2])],
+            {"x": rand(1, 2, 3), "g": f(inf, 1.0), "b": rand(2), "m": f(0.5, 0.0), "v": f(1.0, 1.0)}),
+        "MeanVarianceNormalization[constant input]": case(
+            "MeanVarianceNormalization", [("x", F, [1, 3, 1, 1])], {"x": np.ones((1, 3, 1, 1), np.float32)}, opset=13),
+        "LpNormalization[scalar input]": case("LpNormalization", [("x", F, None)], {"x": f(2.0).reshape(())}, axis=0),
+        "Clip[NaN max]": case(
+            "Clip", [("x", H, [3]), None, ("hi", H, [])],
+            {"x": np.array([1, 2, np.inf], np.float16), "hi": np.array(np.nan, np.float16)}, opset=13),
+        "Hardmax[NaN rows]": case(
+            "Hardmax", [("x", F, [3, 3])], {"x": np.array([[nan, 1, 2], [1, nan, 2], [3, nan, 1]], np.float32)}, opset=13),
+        "ArgMax[NaN]": case("ArgMax", [("x", F, [4])], {"x": f(1.0, nan, 2.0, nan)}, opset=13, keepdims=0),
+        "LogSoftmax[+inf in a row]": case(
+            "LogSoftmax", [("x", F, [2, 3])], {"x": np.array([[1, inf, 3], [1, -inf, 3]], np.float32)}, opset=13),
+        "MaxPool[float16 NaN]": case(
+            "MaxPool", [("x", H, [1, 1, 4])], {"x": np.array([[[np.nan, 1, np.nan, np.nan]]], np.float16)},
+            kernel_shape=[2], strides=[2]),
+        "Resize[linear over the channels]": case(
+            "Resize", [("x", F, [3, 1, 3, 4]), None, None, ("sz", I64, [4])],
+            {"x": rand(3, 1, 3, 4), "sz": np.array([3, 4, 3, 1], np.int64)}, opset=16, mode="linear"),
+        "Resize[align_corners with an infinity]": case(
+            "Resize", [("x", F, [1, 1, 3, 4]), None, ("sc", F, [4])], {"x": x_inf, "sc": f(1, 1, 2, 1)}, opset=15,
+            mode="linear", coordinate_transformation_mode="align_corners"),
+        "RotaryEmbedding[position_ids of another batch]": case(
+            "RotaryEmbedding", [("x", F, [1, 1, 4, 8]), ("c", F, [10, 4]), ("s", F, [10, 4]), ("p", I64, [None, 4])],
+            {"x": rand(1, 1, 4, 8), "c": rand(10, 4), "s": rand(10, 4), "p": np.zeros((0, 4), np.int64)}, opset=23),
+        "RotaryEmbedding[rotary_embedding_dim 2^40]": case(
+            "RotaryEmbedding", [("x", F, [1, 3, 32]), ("p", I64, [1, 3]), ("c", F, [9, 8]), ("s", F, [9, 8])],
+            {"x": rand(1, 3, 32), "p": np.zeros((1, 3), np.int64), "c": rand(9, 8), "s": rand(9, 8)}, domain=MS,
+            num_heads=2, rotary_embedding_dim=1 << 40),
+        "ScatterND[updates for no indices]": case(
+            "ScatterND", [("x", F, [4]), ("i", I64, [None, 1]), ("u", F, [2])],
+            {"x": rand(4), "i": np.zeros((0, 1), np.int64), "u": rand(2)}),
+        "Split[uneven without num_outputs]": case("Split", [("x", F, [2, 5])], {"x": rand(2, 5)}, n_out=3, opset=20, axis=1),
+        "Squeeze[empty axes]": case(
+            "Squeeze", [("x", F, [1, 1, 4]), ("a", I64, [None])], {"x": rand(1, 1, 4), "a": np.zeros(0, np.int64)}),
+        "TopK[k 2^40]": case(
+            "TopK", [("x", F, [1, 3]), ("k", I64, [1])], {"x": rand(1, 3), "k": np.array([1 << 40], np.int64)}, n_out=2,
+            opset=20, axis=0),
+        "ReduceMax[scalar, axes attribute]": case(
+            "ReduceMax", [("x", I64, [])], {"x": np.array(5, np.int64)}, opset=11, axes=[0, 2, 3]),
+        "IsInf[detect_negative 2^40]": case(
+            "IsInf", [("x", F, [3])], {"x": f(inf, -inf, 1.0)}, opset=11, detect_positive=0, detect_negative=1 << 40),
+        "Dropout[infinite ratio]": case(
+            "Dropout", [("x", F, [2, 2]), ("r", F, [])], {"x": rand(2, 2), "r": f(inf).reshape(())}, opset=13),
+        "DepthToSpace[empty mode]": case("DepthToSpace", [("x", F, [1, 4, 2, 2])], {"x": rand(1, 4, 2, 2)}, blocksize=2,
+                                         mode=""),
+    }
 
 
 def run(session, feeds):

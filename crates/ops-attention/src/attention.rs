@@ -60,6 +60,15 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
     let (qs, ks) = (q.shape(), k.shape());
     let (batch, q_heads, q_len, head) = (qs[0], qs[1], qs[2], qs[3]);
     let (kv_heads, total) = (ks[1], ks[2]);
+    // As ORT's CPU EP: one batch size, a query with tokens, a mask of rank 2 to 4.
+    if ks[0] != batch || v.shape()[0] != batch || q_len < 1 || kv_heads < 1 {
+        bail!("query {qs:?}, key {ks:?} and value {:?} need one batch size and a nonempty query", v.shape());
+    }
+    if let Some(m) = ctx.optional_input(3)
+        && !(2..=4).contains(&m.ndim())
+    {
+        bail!("the mask {:?} must have rank 2, 3 or 4", m.shape());
+    }
     if q_heads % kv_heads != 0 {
         bail!("{q_heads} query heads are not a multiple of {kv_heads} key/value heads");
     }

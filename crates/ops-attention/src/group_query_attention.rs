@@ -69,8 +69,10 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
         }
     }
     let (heads, kv_heads) = (node.attr_int("num_heads", 0)?, node.attr_int("kv_num_heads", 0)?);
-    if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
-        return Err(Decline(format!("num_heads={heads} must be a positive multiple of kv_num_heads={kv_heads}")));
+    // (Heads that do not divide are refused when the node runs: declined, kv_num_heads above
+    // num_heads would reach ORT's CPU kernel, which divides by their zero ratio.)
+    if heads <= 0 || kv_heads <= 0 {
+        return Err(Decline(format!("num_heads={heads} and kv_num_heads={kv_heads} must be positive")));
     }
     if node.attr_int("do_rotary", 0)? == 1 && (node.input(7).is_none() || node.input(8).is_none()) {
         return Err(Decline::new("do_rotary needs cos_cache and sin_cache"));
@@ -132,12 +134,26 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let dtype = query.dtype();
     let qs = query.shape();
     let (heads, kv_heads) = (node.attr_int("num_heads", 0)?, node.attr_int("kv_num_heads", 0)?);
+    if kv_heads < 1 || heads % kv_heads != 0 {
+        bail!("num_heads={heads} must be a positive multiple of kv_num_heads={kv_heads}");
+    }
     let packed = ctx.optional_input(1).is_none();
     let width = if packed { heads + 2 * kv_heads } else { heads };
     if qs.len() != 3 || qs[2] % width != 0 {
         bail!("query {qs:?} does not split into {width} heads");
     }
     let g = Geometry { batch: qs[0], seq: qs[1], kv_heads, head: qs[2] / width };
+    if g.seq == 0 {
+        bail!("the query has no tokens");
+    }
+    // As ORT's CPU EP: key and value hold kv_num_heads heads of the query's head size.
+    for i in [1, 2] {
+        if let Some(kv) = ctx.optional_input(i)
+            && (kv.ndim() != 3 || kv.shape()[2] != kv_heads * g.head || kv.shape()[..2] != qs[..2])
+        {
+            bail!("input {i} {:?} does not hold {kv_heads} heads of {} for the query {qs:?}", kv.shape(), g.head);
+        }
+    }
     let f32 = |a: &Array| -> Result<Array> { Ok(ops::astype(a, Dtype::F32, s)?) };
     let (q, k, v) = if packed && ctx.shapeless() {
         // Gathered, not sliced: the decode slot's shapeless trace refuses slices.

@@ -28,7 +28,8 @@ fn claim_common(node: &NodeInfo, x: usize, caches: [usize; 2], ids: usize) -> st
 /// `num_heads`.
 fn claim_attrs(node: &NodeInfo, dim_needs_heads: bool) -> std::result::Result<(), Decline> {
     let (dim, heads) = (node.attr_int("rotary_embedding_dim", 0)?, node.attr_int("num_heads", 0)?);
-    if dim < 0 || heads < 0 || (dim_needs_heads && dim > 0 && heads == 0) {
+    let big = |v: i64| v > i32::MAX as i64;
+    if dim < 0 || heads < 0 || big(dim) || big(heads) || (dim_needs_heads && dim > 0 && heads == 0) {
         return Err(Decline(format!("rotary_embedding_dim {dim} with num_heads {heads}")));
     }
     Ok(())
@@ -74,6 +75,36 @@ fn apply(node: &NodeInfo, x: &Array, cos: &Array, sin: &Array, s: &Stream) -> Re
     Ok(ops::astype(&y, dtype, s)?)
 }
 
+/// The shapes ORT's kernels require: cos and sin caches alike, position ids `[batch, sequence]`
+/// (`com.microsoft` also takes one offset), per-token caches (`onnx`, no ids) `[batch,
+/// sequence, dim/2]`, and a cache width of half the head or of half `rotary_embedding_dim`.
+fn check_shapes(node: &NodeInfo, x: &Array, ids: Option<&Array>, cos: &Array, sin: &Array, onnx: bool) -> Result<()> {
+    let (xs, cs) = (x.shape(), cos.shape());
+    if cs != sin.shape() {
+        bail!("cos_cache {cs:?} and sin_cache {:?} must have the same shape", sin.shape());
+    }
+    let (batch, seq) = (xs[0], seq_len(x));
+    match ids {
+        Some(ids) if !(ids.shape() == [batch, seq] || (!onnx && ids.size() == 1)) => {
+            bail!("position_ids {:?} must be [batch, sequence] = [{batch}, {seq}]", ids.shape())
+        }
+        None if onnx && (cs.len() != 3 || cs[0] != batch || cs[1] != seq) => {
+            bail!("without position_ids the caches {cs:?} must be [batch, sequence, dim/2] = [{batch}, {seq}, _]")
+        }
+        _ => {}
+    }
+    let (dim, heads) = (node.attr_int("rotary_embedding_dim", 0)?, node.attr_int("num_heads", 0)?);
+    if onnx && xs.len() == 3 && dim > 0 && heads == 0 {
+        bail!("num_heads is needed with rotary_embedding_dim for a 3-D input");
+    }
+    let half = cs[cs.len() - 1];
+    let head = if xs.len() == 4 { Some(xs[3]) } else { (heads > 0).then(|| xs[2] / heads) };
+    if !onnx && head.is_some_and(|h| 2 * half != h) && !(dim > 0 && 2 * half == dim) {
+        bail!("the caches' width {half} is neither half the head ({head:?}) nor half rotary_embedding_dim {dim}");
+    }
+    Ok(())
+}
+
 /// The sequence length of `x` in either layout.
 fn seq_len(x: &Array) -> i64 {
     let sh = x.shape();
@@ -83,6 +114,7 @@ fn seq_len(x: &Array) -> i64 {
 fn lower_ms(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let x = &ctx.input(0)?.clone();
+    check_shapes(node, x, Some(ctx.input(1)?), ctx.input(2)?, ctx.input(3)?, false)?;
     let (batch, seq) = (x.shape()[0], seq_len(x));
     // int64 until the range check in `rotary::angles` (a narrowing cast would wrap 2^40).
     let ids = ops::astype(ctx.input(1)?, Dtype::I64, s)?;
@@ -100,6 +132,7 @@ fn lower_ms(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
 fn lower_onnx(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let x = &ctx.input(0)?.clone();
+    check_shapes(node, x, ctx.optional_input(3), ctx.input(1)?, ctx.input(2)?, true)?;
     let (cos, sin) = match ctx.optional_input(3).cloned() {
         Some(ids) => {
             let (cos_cache, sin_cache) = (ctx.input(1)?.clone(), ctx.input(2)?.clone());

@@ -217,8 +217,16 @@ fn check_bias(x: Option<&[Option<i64>]>, bias: Option<&[Option<i64>]>) -> std::r
     Ok(())
 }
 
+/// ORT's float16 FastGelu broadcasts its bias without checking it.
+fn bias_unchecked(node: &NodeInfo) -> bool {
+    node.op_type == "FastGelu" && ep_core::lowering::input_type(node, 0) == Some(ep_core::ElemType::F16)
+}
+
 fn claim_biased(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_types(node, FLOATS)?;
+    if bias_unchecked(node) {
+        return Ok(());
+    }
     let dims = |i: usize| node.input(i).and_then(|v| v.shape.as_deref());
     check_bias(dims(0), dims(1)).map_err(Decline)
 }
@@ -226,7 +234,9 @@ fn claim_biased(node: &NodeInfo) -> std::result::Result<(), Decline> {
 /// `gelu(x + bias)`: FastGelu (tanh form, bias optional) and BiasGelu (erf form).
 fn lower_biased(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let known = |a: &Array| a.shape().into_iter().map(Some).collect::<Vec<_>>();
-    check_bias(Some(&known(ctx.input(0)?)), ctx.optional_input(1).map(known).as_deref())?;
+    if !bias_unchecked(node) {
+        check_bias(Some(&known(ctx.input(0)?)), ctx.optional_input(1).map(known).as_deref())?;
+    }
     let s = ctx.stream();
     let x = match ctx.optional_input(1) {
         Some(b) => ops::add(ctx.input(0)?, b, s)?,

@@ -106,7 +106,8 @@ ep_core::register_lowering!(
 fn lower_isinf(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
     let s = ctx.stream_for(x.dtype());
-    let (pos, neg) = (node.attr_int("detect_positive", 1)? == 1, node.attr_int("detect_negative", 1)? == 1);
+    // Any value other than 0 is true, as ORT's CPU EP reads them.
+    let (pos, neg) = (node.attr_int("detect_positive", 1)? != 0, node.attr_int("detect_negative", 1)? != 0);
     let y = match (pos, neg) {
         (true, true) => ops::isinf(x, s)?,
         (true, false) => ops::isposinf(x, s)?,

@@ -33,12 +33,11 @@ fn claim_clip(node: &NodeInfo) -> std::result::Result<(), Decline> {
     for i in 0..3 {
         require_input_type(node, i, NUMERIC)?;
     }
-    // Before opset 11 the bounds are attributes, which ORT's CPU EP refuses unless min <= max
-    // (so a NaN bound too).
+    // Before opset 11 the bounds are attributes, which ORT's CPU EP refuses unless min <= max.
     if node.since_version < 11 {
-        let (min, max) = (node.attr_float("min", f32::MIN)?, node.attr_float("max", f32::MAX)?);
-        if !matches!(min.partial_cmp(&max), Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)) {
-            return Err(Decline(format!("Clip's min attribute ({min}) is not at most its max ({max})")));
+        let (lo, hi) = (node.attr_float("min", f32::MIN)?, node.attr_float("max", f32::MAX)?);
+        if lo.is_nan() || hi.is_nan() || lo > hi {
+            return Err(Decline(format!("Clip's min attribute {lo} is not at most its max {hi}")));
         }
     }
     Ok(())
@@ -70,7 +69,9 @@ fn lower_clip(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         Some(hi) => ops::astype(&hi, x.dtype(), s)?,
         None => ops::scalar(max, x.dtype(), s)?,
     };
-    Ok(vec![ops::minimum(&ops::maximum(x, &lo, s)?, &hi, s)?])
+    // A NaN bound clamps nothing, as ORT's CPU EP applies it (max(x, NaN) is x there).
+    let y = ops::where_(&ops::isnan(&lo, s)?, x, &ops::maximum(x, &lo, s)?, s)?;
+    Ok(vec![ops::where_(&ops::isnan(&hi, s)?, &y, &ops::minimum(&y, &hi, s)?, s)?])
 }
 
 /// The lowest and highest finite values of a type (integers within f64's exact range).

@@ -162,6 +162,12 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
         Ok(node.attr_ints(name)?.map(<[i64]>::to_vec).unwrap_or_else(|| vec![default; k]))
     };
     let (strides, dilations, out_pad) = (ints("strides", 1)?, ints("dilations", 1)?, ints("output_padding", 0)?);
+    if [&strides, &dilations, &out_pad].iter().any(|v| v.len() != k) || strides.iter().chain(&dilations).any(|&v| v < 1)
+    {
+        bail!(
+            "strides {strides:?}, dilations {dilations:?} and output_padding {out_pad:?} do not fit {k} spatial axes"
+        );
+    }
     let full: Vec<i64> =
         (0..k).map(|i| (xs[2 + i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 + out_pad[i]).collect();
     let auto = match node.attr("auto_pad") {
@@ -174,6 +180,7 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
         None if auto == "SAME_UPPER" || auto == "SAME_LOWER" => Some((0..k).map(|i| xs[2 + i] * strides[i]).collect()),
         None => None,
     };
+    let from_target = target.is_some();
     match target {
         Some(t) => {
             for i in 0..k {
@@ -190,6 +197,30 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
             }
         }
         None => bail!("auto_pad '{auto}' is not supported"),
+    }
+    // As ORT's CPU EP: output_padding in [0, max(stride, dilation)), and the input size the
+    // output implies (a convolution of it, pads from an output shape at least 0) is the input's.
+    let mut out = vec![0i64; k];
+    for i in 0..k {
+        if out_pad[i] < 0 || out_pad[i] >= strides[i].max(dilations[i]) {
+            bail!("output_padding {out_pad:?} must be in [0, max(stride, dilation)) on every axis");
+        }
+        let total = lo[i] + hi[i];
+        out[i] = full[i] - total;
+        let eff = (kernel[i] - 1) * dilations[i] + 1;
+        let implied = (out[i] + if from_target { total.max(0) } else { total } - eff) / strides[i] + 1;
+        if implied != xs[2 + i] {
+            bail!("the output size {} of spatial axis {i} implies an input of {implied}, not {}", out[i], xs[2 + i]);
+        }
+    }
+    if xs.contains(&0) || ws.contains(&0) {
+        // Nothing to convolve: the bias alone (zeros without one), as on the CPU EP.
+        let shape = [vec![xs[0], ws[1] * groups], out].concat();
+        let y = ops::full(&shape, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?;
+        return Ok(vec![match ctx.optional_input(2) {
+            Some(b) if y.size() > 0 => add_bias(&y, b, s)?,
+            _ => y,
+        }]);
     }
     // [C, M/g, *k] to [M, *k, C/g].
     let weight = ctx.derived(1, "conv-transpose-weight", |w, s| {

@@ -60,6 +60,11 @@ fn integer_conv(
         bail!("input {xs:?} and weight {ws:?} do not fit group {groups}");
     }
     let kernel = ws[2..].to_vec();
+    if let Some(k) = node.attr_ints("kernel_shape")?
+        && k != kernel.as_slice()
+    {
+        bail!("kernel_shape {k:?} differs from the weight's {kernel:?}");
+    }
     let window = Window::of(node, &xs[2..], kernel.clone(), false)?;
     // ConvInteger over an empty spatial axis that its pads make non-empty: every window holds
     // only padding (the input's zero point), so every sum is 0, as ORT's CPU EP answers.
@@ -142,6 +147,17 @@ fn claim_qlinear_conv(node: &NodeInfo) -> std::result::Result<(), Decline> {
 /// `saturate(round((acc + B) * x_scale * w_scale / y_scale) + y_zp)`.
 fn lower_qlinear_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
+    // As ORT's CPU EP: the input's and output's scale and zero point one element (a scalar or
+    // 1-D), the weight's a scalar or 1-D of 1 or M elements.
+    let m = ctx.input(3)?.shape()[0];
+    for i in [1, 2, 4, 5, 6, 7] {
+        let sh = ctx.input(i)?.shape();
+        let per_channel = i == 4 || i == 5;
+        let ok = sh.is_empty() || (sh.len() == 1 && (sh[0] == 1 || (per_channel && sh[0] == m)));
+        if !ok {
+            bail!("input {i} of shape {sh:?} must be a scalar or 1-D of {}", if per_channel { "1 or M" } else { "1" });
+        }
+    }
     let mut acc = integer_conv(node, ctx.input(0)?, ctx.input(3)?, Some(ctx.input(2)?), Some(ctx.input(5)?), s)?;
     let m = acc.shape()[1];
     let channel = |a: &Array| -> Result<Array> {
@@ -149,27 +165,6 @@ fn lower_qlinear_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Arr
         Ok(if a.size() > 1 { ops::reshape(&a, &[1, m, 1, 1], s)? } else { ops::reshape(&a, &[], s)? })
     };
     crate::conv::check_bias(ctx.optional_input(8), m)?;
-    // As ORT's CPU EP requires: the input's and the result's scale and zero point one value
-    // each, the weight's one or one per output channel.
-    for (i, what, per_channel) in [
-        (1, "x_scale", false),
-        (2, "x_zero_point", false),
-        (4, "w_scale", true),
-        (5, "w_zero_point", true),
-        (6, "y_scale", false),
-        (7, "y_zero_point", false),
-    ] {
-        let a = ctx.input(i)?;
-        let n = a.size() as i64;
-        let ok = a.ndim() <= 1 && (n == 1 || (per_channel && n == m));
-        if !ok {
-            ep_core::bail!(
-                "{what} has shape {:?}: it must be a scalar or a 1-element vector{}",
-                a.shape(),
-                if per_channel { format!(" or hold one value per output channel ({m})") } else { String::new() }
-            );
-        }
-    }
     if let Some(b) = ctx.optional_input(8) {
         acc = ops::add(&acc, &ops::reshape(b, &[1, m, 1, 1], s)?, s)?;
     }
@@ -182,10 +177,10 @@ fn lower_qlinear_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Arr
     let (lo, hi) = if t == Dtype::I8 { (-128.0, 127.0) } else { (0.0, 255.0) };
     let q = ops::round(&ops::multiply(&ops::astype(&acc, Dtype::F32, s)?, &scale, s)?, s)?;
     let q = ops::add(&q, &channel(ctx.input(7)?)?, s)?;
-    // A NaN (from a NaN scale) saturates to the type's lowest value, as ORT's CPU EP's
-    // float-to-integer conversion leaves it.
-    let q = ops::where_(&ops::not_equal(&q, &q, s)?, &ops::scalar(lo, Dtype::F32, s)?, &q, s)?;
-    let q = ops::clip(&q, Some(&ops::scalar(lo, Dtype::F32, s)?), Some(&ops::scalar(hi, Dtype::F32, s)?), s)?;
+    let lowest = ops::scalar(lo, Dtype::F32, s)?;
+    let q = ops::clip(&q, Some(&lowest), Some(&ops::scalar(hi, Dtype::F32, s)?), s)?;
+    // A NaN (from a NaN scale) is the type's lowest value, as ORT's CPU EP converts it.
+    let q = ops::where_(&ops::isnan(&q, s)?, &lowest, &q, s)?;
     Ok(vec![ops::astype(&q, t, s)?])
 }
 

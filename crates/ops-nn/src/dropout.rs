@@ -16,29 +16,32 @@ fn claim_dropout(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if node.attr_int("is_test", 1)? == 0 {
         return Err(Decline::new("is_test=0 is training mode"));
     }
+    let ratio = node.attr_float("ratio", 0.5)?;
+    if !(0.0..1.0).contains(&ratio) {
+        return Err(Decline(format!("ratio {ratio} is outside [0, 1)")));
+    }
     Ok(())
 }
 
 fn lower_dropout(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let x = ctx.input(0)?;
     if let Some(t) = ctx.optional_input(2) {
         let s = ctx.cpu_stream();
         if ops::astype(t, Dtype::U8, s)?.to_vec::<u8>(s)?.first() == Some(&1) {
             bail!("Dropout in training mode is not supported");
         }
     }
-    let x = x.clone();
-    if let Some(ratio) = ctx.optional_input(1).cloned() {
-        // ORT's CPU EP checks the ratio even at inference.
+    // The ratio input must lie in [0, 1), as ORT's CPU EP checks it (NaN fails).
+    if let Some(r) = ctx.optional_input(1) {
         let s = ctx.stream();
-        let r = ops::astype(&ratio, Dtype::F32, s)?;
-        let valid = ops::logical_and(
+        let r = ops::astype(r, Dtype::F32, s)?;
+        let inside = ops::logical_and(
             &ops::greater_equal(&r, &ops::scalar(0.0, Dtype::F32, s)?, s)?,
             &ops::less(&r, &ops::scalar(1.0, Dtype::F32, s)?, s)?,
             s,
         )?;
-        ctx.check(&valid, "ratio must be in the range [0, 1)")?;
+        ctx.check(&inside, "ratio must be in the range [0, 1)")?;
     }
+    let x = ctx.input(0)?;
     let mut outs = vec![x.clone()];
     if node.outputs.len() > 1 {
         outs.push(ops::full(&x.shape(), &ops::scalar(1.0, Dtype::Bool, ctx.stream())?, Dtype::Bool, ctx.stream())?);

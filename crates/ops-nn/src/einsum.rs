@@ -73,8 +73,10 @@ fn lower_fused_matmul(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Arr
         perm.swap(r as usize - 1, r as usize - 2);
         Ok(ops::transpose_axes(x, &perm, s)?)
     };
-    let a = if node.attr_int("transA", 0)? == 1 { t(ctx.input(0)?)? } else { ctx.input(0)?.clone() };
-    let b = if node.attr_int("transB", 0)? == 1 { t(ctx.input(1)?)? } else { ctx.input(1)?.clone() };
+    // Any value other than 0 transposes, as ORT's CPU EP reads the flags.
+    let a = if node.attr_int("transA", 0)? != 0 { t(ctx.input(0)?)? } else { ctx.input(0)?.clone() };
+    let b = if node.attr_int("transB", 0)? != 0 { t(ctx.input(1)?)? } else { ctx.input(1)?.clone() };
+    crate::matmul::check_batch_broadcast(&a.shape(), &b.shape())?;
     let y = ops::matmul(&a, &b, s)?;
     let alpha = node.attr_float("alpha", 1.0)?;
     Ok(vec![if alpha == 1.0 { y } else { ops::scale(&y, alpha, s)? }])

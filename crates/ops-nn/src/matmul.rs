@@ -4,8 +4,30 @@
 
 use ep_core::lowering::{FLOATS, require_input_rank, require_inputs, require_types};
 use ep_core::mlx::{Array, ops};
-use ep_core::{CompileSafety, Decline, LowerCtx, Lowering, NodeInfo, Result};
+use ep_core::{CompileSafety, Decline, LowerCtx, Lowering, NodeInfo, Result, bail};
 use std::ops::RangeInclusive;
+
+/// The batch broadcasting of ORT's CPU EP, which is NumPy's without stretching a 1 to a 0
+/// (`[1, 3, 2] @ [0, 2, 4]` is refused); with a 1-D `b`, `a`'s rows count as a batch axis, and
+/// a 2-D `b` is shared by every batch of `a` unchecked.
+pub(crate) fn check_batch_broadcast(a: &[i64], b: &[i64]) -> Result<()> {
+    if b.len() == 2 && a.len() >= 2 {
+        return Ok(());
+    }
+    let a_batch = if b.len() == 1 { &a[..a.len().saturating_sub(1)] } else { &a[..a.len().saturating_sub(2)] };
+    let a_batch = if a.len() == 1 { &[][..] } else { a_batch };
+    let b_batch = &b[..b.len().saturating_sub(2)];
+    let n = a_batch.len().max(b_batch.len());
+    let dim = |v: &[i64], i: usize| if i + v.len() < n { 1 } else { v[i + v.len() - n] };
+    for i in 0..n {
+        let (l, r) = (dim(a_batch, i), dim(b_batch, i));
+        let out = l.max(r);
+        if (l != out && l != 1) || (r != out && r != 1) {
+            bail!("the batch dims of {a:?} and {b:?} do not broadcast (axis {i}: {l} and {r})");
+        }
+    }
+    Ok(())
+}
 
 pub struct MatMul;
 
@@ -32,6 +54,7 @@ impl Lowering for MatMul {
     }
 
     fn lower(&self, ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+        check_batch_broadcast(&ctx.input(0)?.shape(), &ctx.input(1)?.shape())?;
         Ok(vec![ops::matmul(ctx.input(0)?, ctx.input(1)?, ctx.stream())?])
     }
 

@@ -359,9 +359,12 @@ fn lower_batch_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
     check_channel_params(ctx, 1..5)?;
     let p = |i: usize| -> Result<Array> { per_channel(ctx.input(i)?, r, s) };
     let (scale, bias, mean, var) = (p(1)?, p(2)?, p(3)?, p(4)?);
-    let inv = ops::rsqrt(&ops::add(&var, &ops::scalar(eps, var.dtype(), s)?, s)?, s)?;
-    let y = ops::multiply(&ops::subtract(&f32_of(x, s)?, &mean, s)?, &ops::multiply(&inv, &scale, s)?, s)?;
-    Ok(vec![ops::astype(&ops::add(&y, &bias, s)?, x.dtype(), s)?])
+    // `x * a + (bias - mean * a)` with `a = scale / sqrt(var + eps)`, as ORT's CPU EP computes it
+    // (so an infinite scale gives its NaN).
+    let a = ops::multiply(&ops::rsqrt(&ops::add(&var, &ops::scalar(eps, var.dtype(), s)?, s)?, s)?, &scale, s)?;
+    let b = ops::subtract(&bias, &ops::multiply(&mean, &a, s)?, s)?;
+    let y = ops::add(&ops::multiply(&f32_of(x, s)?, &a, s)?, &b, s)?;
+    Ok(vec![ops::astype(&y, x.dtype(), s)?])
 }
 
 ep_core::register_lowering!(
@@ -481,8 +484,8 @@ fn claim_mvn(node: &NodeInfo) -> std::result::Result<(), Decline> {
     Ok(())
 }
 
-/// `(x - mean) / (sqrt(var) + 1e-9)` over `axes` (default `[0, 2, 3]`), as ONNX's function body
-/// computes it.
+/// `(x - mean) / sqrt(var)` over `axes` (default `[0, 2, 3]`), as ORT's CPU kernel computes it
+/// (without the 1e-9 of ONNX's function body: a constant input gives its NaN).
 fn lower_mvn(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
     let s = ctx.stream();
@@ -498,8 +501,7 @@ fn lower_mvn(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let mean = ops::mean_axes(&w, &axes, true, s)?;
     let centered = ops::subtract(&w, &mean, s)?;
     let var = ops::mean_axes(&ops::square(&centered, s)?, &axes, true, s)?;
-    let std = ops::add(&ops::sqrt(&var, s)?, &ops::scalar(1e-9, Dtype::F32, s)?, s)?;
-    Ok(vec![ops::astype(&ops::divide(&centered, &std, s)?, x.dtype(), s)?])
+    Ok(vec![ops::astype(&ops::divide(&centered, &ops::sqrt(&var, s)?, s)?, x.dtype(), s)?])
 }
 
 ep_core::register_lowering!(
@@ -526,6 +528,9 @@ fn claim_lp_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
 fn lower_lp_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
     let s = ctx.stream();
+    if x.ndim() == 0 {
+        bail!("the input is a scalar: it has no axis to normalize");
+    }
     let axis = normalize_axis(node.attr_int("axis", -1)?, x.ndim())? as i32;
     let w = f32_of(x, s)?;
     let norm = if node.attr_int("p", 2)? == 1 {

@@ -56,6 +56,8 @@ fn reduce(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Arr
     // With noop_with_empty_axes nothing is reduced, but L1, L2, LogSum and SumSquare still
     // apply their elementwise parts (as ORT's CPU EP does).
     let axes = match axes {
+        // A scalar has nothing to reduce, whatever the axes (as ORT's CPU EP answers it).
+        _ if r == 0 => Vec::new(),
         Some(a) if !a.is_empty() => a,
         _ if node.attr_int("noop_with_empty_axes", 0)? == 1 => Vec::new(),
         _ => (0..r as i64).collect(),

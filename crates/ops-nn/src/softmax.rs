@@ -44,19 +44,38 @@ fn apply(kind: Kind, x: &Array, axis: usize, s: &ep_core::mlx::Stream) -> Result
         }
         Kind::LogSoftmax if n == 1 => ops::subtract(x, x, s)?,
         Kind::LogSoftmax => {
-            // In float32 for half types: x - logsumexp(x).
+            // In float32 for half types: (x - max) - log(sum(exp(x - max))), as ORT's CPU EP
+            // computes it (a row holding +inf is NaN throughout).
             let t = x.dtype();
             let w = if t == Dtype::F32 || t == Dtype::F64 { x.clone() } else { ops::astype(x, Dtype::F32, s)? };
-            let lse = ops::logsumexp_axes(&w, &[axis as i32], true, s)?;
-            ops::astype(&ops::subtract(&w, &lse, s)?, t, s)?
+            let a = axis as i32;
+            let shifted = ops::subtract(&w, &ops::max_axes(&w, &[a], true, s)?, s)?;
+            let lse = ops::log(&ops::sum_axes(&ops::exp(&shifted, s)?, &[a], true, s)?, s)?;
+            ops::astype(&ops::subtract(&shifted, &lse, s)?, t, s)?
+        }
+        Kind::Hardmax if n == 1 => {
+            // (Not reduced, as above.) 1 unless the element is NaN.
+            ops::astype(&ops::logical_not(&ops::isnan(x, s)?, s)?, x.dtype(), s)?
         }
         Kind::Hardmax => {
-            // 1 at the first maximum of each row.
-            let idx = ops::argmax_axis(x, axis as i32, true, s)?;
+            // 1 at the first element equal to the row's maximum, that maximum taken as ORT's CPU
+            // EP takes it (the first element, replaced by any larger one): NaN when the row
+            // starts with NaN, and then the row is all 0; a later NaN is passed over.
+            let a = axis as i32;
+            let nan = ops::isnan(x, s)?;
+            let skipped = ops::where_(&nan, &ops::scalar(f64::NEG_INFINITY, x.dtype(), s)?, x, s)?;
+            let first = ops::take_range(&nan, 0, 1, a, s)?;
+            let top = ops::max_axes(&skipped, &[a], true, s)?;
+            let top = ops::where_(&first, &ops::scalar(f64::NAN, x.dtype(), s)?, &top, s)?;
+            let hit = ops::equal(x, &top, s)?;
+            let idx = ops::argmax_axis(&hit, a, true, s)?;
+            let any = ops::max_axes(&ops::astype(&hit, Dtype::U8, s)?, &[a], true, s)?;
             let mut pos = vec![1i64; x.ndim()];
             pos[axis] = n;
             let range = ops::reshape(&ops::arange(0.0, n as f64, 1.0, Dtype::U32, s)?, &pos, s)?;
-            ops::astype(&ops::equal(&ops::astype(&idx, Dtype::U32, s)?, &range, s)?, x.dtype(), s)?
+            let one_hot = ops::equal(&ops::astype(&idx, Dtype::U32, s)?, &range, s)?;
+            let one_hot = ops::logical_and(&one_hot, &ops::astype(&any, Dtype::Bool, s)?, s)?;
+            ops::astype(&one_hot, x.dtype(), s)?
         }
     })
 }

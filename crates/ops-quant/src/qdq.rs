@@ -75,7 +75,7 @@ fn runtime_dims(a: &Array) -> Vec<Option<i64>> {
 /// layout), as ORT's CPU EP requires; `None`: not known.
 fn check_zero_point(scale: Option<&[Option<i64>]>, zp: Option<&[Option<i64>]>) -> std::result::Result<(), String> {
     let (Some(scale), Some(zp)) = (scale, zp) else { return Ok(()) };
-    let one = |d: &[Option<i64>]| d.iter().all(|&d| d == Some(1));
+    let one = |d: &[Option<i64>]| d.len() <= 1 && d.iter().all(|&d| d == Some(1));
     let same = scale.len() == zp.len() && scale.iter().zip(zp).all(|(a, b)| a.is_none() || b.is_none() || a == b);
     if !(same || (one(scale) && one(zp))) {
         let show = |d: &[Option<i64>]| d.iter().map(|d| d.map_or("?".into(), |d| d.to_string())).collect::<Vec<_>>();
@@ -153,14 +153,30 @@ fn range(t: Dtype) -> Result<(f64, f64)> {
     })
 }
 
-/// `saturate(round(x / scale) + zero_point)` as `t` (saturating to `(lo, hi)`), in float32.
-fn quantize(x: &Array, scale: &Array, zp: Option<&Array>, t: Dtype, (lo, hi): (f64, f64), s: &Stream) -> Result<Array> {
+/// `saturate(round(x / scale) + zero_point)` as `t` (saturating to `(lo, hi)`), in float32. As
+/// ORT's CPU EP converts them, a NaN becomes `lo`, and so does an infinity when the input was a
+/// half type (`half`).
+fn quantize(x: &Array, scale: &Array, zp: Option<&Array>, t: Dtype, range: (f64, f64), s: &Stream) -> Result<Array> {
+    quantize_from(x, scale, zp, t, range, false, s)
+}
+
+fn quantize_from(
+    x: &Array,
+    scale: &Array,
+    zp: Option<&Array>,
+    t: Dtype,
+    (lo, hi): (f64, f64),
+    half: bool,
+    s: &Stream,
+) -> Result<Array> {
     let mut q = ops::round(&ops::divide(x, scale, s)?, s)?;
     if let Some(zp) = zp {
         q = ops::add(&q, zp, s)?;
     }
-    let q = ops::clip(&q, Some(&ops::scalar(lo, Dtype::F32, s)?), Some(&ops::scalar(hi, Dtype::F32, s)?), s)?;
-    Ok(ops::astype(&q, t, s)?)
+    let lowest = ops::scalar(lo, Dtype::F32, s)?;
+    let bad = if half { ops::logical_or(&ops::isnan(&q, s)?, &ops::isinf(&q, s)?, s)? } else { ops::isnan(&q, s)? };
+    let q = ops::clip(&q, Some(&lowest), Some(&ops::scalar(hi, Dtype::F32, s)?), s)?;
+    Ok(ops::astype(&ops::where_(&bad, &lowest, &q, s)?, t, s)?)
 }
 
 fn claim_quantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -191,7 +207,8 @@ fn lower_quantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
         Some(z) => Some(broadcast_param(&f32(z, s)?, &shape, axis, block, s)?),
         None => None,
     };
-    Ok(vec![quantize(&f32(x, s)?, &scale, zp.as_ref(), t, range_of(out)?, s)?])
+    let half = matches!(x.dtype(), Dtype::F16 | Dtype::BF16);
+    Ok(vec![quantize_from(&f32(x, s)?, &scale, zp.as_ref(), t, range_of(out)?, half, s)?])
 }
 
 fn claim_dynamic(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -291,6 +308,21 @@ fn claim_matmul_integer(node: &NodeInfo) -> std::result::Result<(), Decline> {
 
 fn lower_matmul_integer(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
+    // As ORT's CPU EP: a's zero point one element (a scalar or 1-D), b's that or, for a 2-D b,
+    // 1-D of its columns.
+    let b = ctx.input(1)?.shape();
+    for (i, per_column) in [(2, false), (3, b.len() == 2)] {
+        if let Some(z) = ctx.optional_input(i) {
+            let sh = z.shape();
+            let ok = sh.len() <= 1 && (z.size() == 1 || (per_column && sh[0] == b[1]));
+            if !ok {
+                bail!(
+                    "the zero point {i} of shape {sh:?} must be one element{}",
+                    if per_column { " or one per column" } else { "" }
+                );
+            }
+        }
+    }
     Ok(vec![integer_matmul(ctx.input(0)?, ctx.input(1)?, ctx.optional_input(2), ctx.optional_input(3), s)?])
 }
 

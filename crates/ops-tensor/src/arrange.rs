@@ -159,6 +159,13 @@ fn lower_arg(ctx: &mut LowerCtx<'_>, node: &NodeInfo, max: bool) -> Result<Vec<A
         let flipped = ops::take(x, &rev, axis as i32, s)?;
         let i = ops::astype(&arg(&flipped)?, Dtype::I64, s)?;
         ops::subtract(&ops::scalar((n - 1) as f64, Dtype::I64, s)?, &i, s)?
+    } else if x.dtype().is_float() && shape[axis] > 1 {
+        // The first NaN, where a row has one, as ORT's CPU EP answers (MLX passes NaN over).
+        let nan = ops::isnan(x, s)?;
+        let first_nan = ops::argmax_axis(&nan, axis as i32, keep, s)?;
+        let has_nan =
+            ops::astype(&ops::max_axes(&ops::astype(&nan, Dtype::U8, s)?, &[axis as i32], keep, s)?, Dtype::Bool, s)?;
+        ops::where_(&has_nan, &ops::astype(&first_nan, Dtype::I64, s)?, &ops::astype(&arg(x)?, Dtype::I64, s)?, s)?
     } else {
         arg(x)?
     };
@@ -214,6 +221,8 @@ fn lower_topk(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     } else {
         node.attr_int("k", 1)?
     };
+    // ORT's CPU EP reads k as a 32-bit integer (its low 32 bits: 2^40 is 0).
+    let k = k as i32 as i64;
     if k < 0 || k > shape[axis] {
         bail!("k = {k} is out of range for axis of size {}", shape[axis]);
     }
@@ -256,13 +265,12 @@ fn claim_space(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if node.attr_int("blocksize", 0)? < 1 {
         return Err(Decline::new("blocksize must be positive"));
     }
-    // DepthToSpace's mode: ORT's CPU EP knows DCR and CRD only (SpaceToDepth has none).
+    // ORT's CPU EP refuses any mode but these when the session is created.
     match node.attr("mode") {
-        None => {}
-        Some(ep_core::AttrValue::String(m)) if m == "DCR" || m == "CRD" => {}
-        Some(other) => return Err(Decline(format!("mode={other:?} is not DCR or CRD"))),
+        None => Ok(()),
+        Some(ep_core::AttrValue::String(m)) if m == "DCR" || m == "CRD" => Ok(()),
+        Some(m) => Err(Decline(format!("mode {m:?} is neither DCR nor CRD"))),
     }
-    Ok(())
 }
 
 fn lower_depth_to_space(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {

@@ -55,7 +55,7 @@ fn lower_split(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         ctx.host_i64(1)?
     } else if let Some(split) = node.attr_ints("split")?.filter(|_| node.since_version < 13) {
         split.to_vec()
-    } else if node.since_version >= 18 {
+    } else if node.since_version >= 18 && node.attr("num_outputs").is_some() {
         let n = node.attr_int("num_outputs", outputs)?;
         let chunk = (dim + n - 1) / n.max(1);
         // Chunks of ceil(dim / n), the last one smaller: as ORT's CPU EP, refused when the

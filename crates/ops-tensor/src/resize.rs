@@ -27,6 +27,10 @@ fn claim_resize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if node.attr_int("antialias", 0)? != 0 {
         return Err(Decline::new("antialias is left to the CPU EP"));
     }
+    let nearest = string_attr(node, "nearest_mode", "round_prefer_floor");
+    if !matches!(nearest, "round_prefer_floor" | "round_prefer_ceil" | "floor" | "ceil") {
+        return Err(Decline(format!("nearest_mode '{nearest}' is not supported")));
+    }
     let ctm = string_attr(node, "coordinate_transformation_mode", "half_pixel");
     if !matches!(
         ctm,
@@ -42,11 +46,6 @@ fn claim_resize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     let policy = string_attr(node, "keep_aspect_ratio_policy", "stretch");
     if !matches!(policy, "stretch" | "not_larger" | "not_smaller") {
         return Err(Decline(format!("keep_aspect_ratio_policy '{policy}' is not supported")));
-    }
-    // Left to ORT's CPU EP, which refuses them as ONNX does.
-    let nearest = string_attr(node, "nearest_mode", "round_prefer_floor");
-    if !matches!(nearest, "round_prefer_floor" | "round_prefer_ceil" | "floor" | "ceil") {
-        return Err(Decline(format!("nearest_mode '{nearest}' is not an ONNX nearest mode")));
     }
     if node.attr_int("exclude_outside", 0)? != 0 && mode != "cubic" {
         return Err(Decline(format!("exclude_outside with mode '{mode}' (only cubic takes it here)")));
@@ -228,6 +227,23 @@ fn apply(x: &Array, axis: usize, plan: &AxisPlan, extrapolation: f64, s: &Stream
     Ok(y)
 }
 
+/// The axes ORT's CPU EP interpolates in linear and cubic modes, which it supports only over
+/// these layouts: linear 2-D and 3-D inputs, 4-D ones scaled on the inner two axes (NCHW) or
+/// the middle two (NHWC), 5-D ones on the inner three; cubic 2-D inputs and 4-D NCHW ones.
+fn interpolated_axes(mode: &str, scale: &[f64]) -> Result<Vec<usize>> {
+    let one = |a: usize| scale[a] == 1.0;
+    let r = scale.len();
+    let axes = match (mode, r) {
+        ("nearest", _) => Some(Vec::new()),
+        ("linear", 2 | 3) | ("cubic", 2) => Some((0..r).collect()),
+        ("linear" | "cubic", 4) if one(0) && one(1) => Some(vec![2, 3]),
+        ("linear", 4) if one(0) && one(3) => Some(vec![1, 2]),
+        ("linear", 5) if one(0) && one(1) => Some(vec![2, 3, 4]),
+        _ => None,
+    };
+    axes.ok_or_else(|| ep_core::Error::new(format!("{mode} mode does not resize a {r}-D input by scales {scale:?}")))
+}
+
 fn lower_resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     resize(ctx, node, Modes::of(node))
 }
@@ -317,38 +333,20 @@ fn resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo, modes: Modes<'_>) -> Result<V
             bail!("axis {a} is empty and cannot be resized to {}", out[a]);
         }
     }
-    // The layouts ORT's CPU EP interpolates linearly or cubically (its scale validation).
-    let mode = string_attr(node, "mode", "nearest");
-    let one = |a: usize| scale.get(a) == Some(&1.0);
-    let rank = shape.len();
-    let supported = match mode {
-        "linear" | "bilinear" => {
-            rank == 2 || rank == 3 || rank == 4 && one(0) && (one(1) || one(3)) || rank == 5 && one(0) && one(1)
-        }
-        "cubic" => rank == 2 || rank == 4 && one(0) && one(1),
-        _ => true,
-    };
-    if !supported {
-        bail!(
-            "{mode} interpolation of a {rank}-D input with scales {scale:?}: ORT's CPU EP takes 2-D and 3-D inputs, \
-             and 4-D (5-D for linear) ones whose outer scales are 1"
-        );
-    }
     if out.contains(&0) {
         return Ok(vec![ops::full(&out, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?]);
     }
     // Planned on the host per output position: refuse absurd sizes before that work.
     ep_core::lowering::check_shape(&out, x.dtype())?;
+    let mode = string_attr(node, "mode", "nearest");
     let mode = if upsample && mode == "bilinear" { "linear" } else { mode };
+    let interpolated = interpolated_axes(mode, &scale)?;
     let extrapolation = node.attr_float("extrapolation_value", 0.0)? as f64;
     let mut y = x.clone();
     for (j, &a) in axes.iter().enumerate() {
-        // An axis kept as it is needs no interpolation, except the axes ORT's CPU EP
-        // interpolates linearly whatever their scale (the last two of a 2-D or 4-D input, the
-        // last three of a 5-D one), where its taps of weight 0 turn an infinity into NaN.
-        let rank = shape.len();
-        let always = mode == "linear" && ((rank == 2 || rank == 4) && a + 2 >= rank || rank == 5 && a >= 2);
-        if out[a] == shape[a] && scale[a] == 1.0 && !always {
+        // (An axis ORT's CPU EP interpolates is planned even at scale 1: its zero weights
+        // make an infinite neighbour NaN there too.)
+        if out[a] == shape[a] && scale[a] == 1.0 && !interpolated.contains(&a) {
             continue;
         }
         let roi_a = match &roi {

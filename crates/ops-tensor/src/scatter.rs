@@ -125,16 +125,16 @@ fn lower_scatter_nd(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
     if k > shape.len() || k == 0 {
         bail!("index depth {k} does not fit data of rank {}", shape.len());
     }
+    let mut expected = batch.to_vec();
+    expected.extend(&shape[k..]);
+    if upd.shape() != expected {
+        bail!("updates {:?} must have shape {expected:?} (indices {is:?}, data {shape:?})", upd.shape());
+    }
     if batch.contains(&0) {
         return Ok(vec![data.clone()]);
     }
     if shape[..k].contains(&0) {
         bail!("indices into data {shape:?}, whose indexed dimensions include an empty one");
-    }
-    let mut expected = batch.to_vec();
-    expected.extend(&shape[k..]);
-    if upd.shape() != expected {
-        bail!("updates {:?} must have shape {expected:?} (indices {is:?}, data {shape:?})", upd.shape());
     }
     let idx = ops::astype(idx, Dtype::I64, s)?;
     let parts = ops::split_at(&idx, &(1..k as i64).collect::<Vec<_>>(), is.len() as i32 - 1, s)?;

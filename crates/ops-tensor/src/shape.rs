@@ -124,8 +124,11 @@ fn lower_squeeze(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> 
     let x = ctx.input(0)?;
     let shape = x.shape();
     let axes = match axes(ctx, node)? {
-        Some(a) => a.iter().map(|&a| normalize_axis(a, shape.len())).collect::<std::result::Result<Vec<_>, _>>()?,
-        None => (0..shape.len()).filter(|&i| shape[i] == 1).collect(),
+        // (An empty axes input squeezes every size-1 dim, as ORT's CPU EP reads it.)
+        Some(a) if !a.is_empty() => {
+            a.iter().map(|&a| normalize_axis(a, shape.len())).collect::<std::result::Result<Vec<_>, _>>()?
+        }
+        _ => (0..shape.len()).filter(|&i| shape[i] == 1).collect(),
     };
     if let Some(&bad) = axes.iter().find(|&&a| shape[a] != 1) {
         bail!("cannot squeeze axis {bad} of size {}", shape[bad]);

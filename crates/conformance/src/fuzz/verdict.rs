@@ -112,6 +112,7 @@ pub const CPU_LENIENT: &[(&str, &[&str], &str, &str)] = &[
         "is out of range for axis",
         "the CPU EP answers an empty top-k for k past the axis",
     ),
+    ("GatherND", SHAPES, "do not fit data", "the CPU EP does not check that the indices' batch dims are the data's"),
     (
         "ConstantOfShape",
         &["index-out-of-range", "huge-shape-value"],
