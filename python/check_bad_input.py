@@ -529,6 +529,9 @@ def deep_run_cases():
             output_padding=[1, 1], pads=[1, 0, 1, 0]),
         "ConvTranspose[empty spatial input]": case(
             "ConvTranspose", [("x", F, [2, 2, None]), ("w", F, [2, 2, 2])], {"x": rand(2, 2, 0), "w": rand(2, 2, 2)}),
+        "ConvTranspose[empty input, no output]": case(
+            "ConvTranspose", [("x", F, [1, 2, None]), ("w", F, [2, 2, 1])], {"x": rand(1, 2, 0), "w": rand(2, 2, 1)},
+            group=2),
         "QLinearConv[NaN weight scale]": case("QLinearConv", q8, q8_feeds),
         "QLinearMatMul[NaN b scale]": case(
             "QLinearMatMul", [("a", I8, [2, 3]), ("as", F, []), ("az", I8, []), ("b", I8, [3, 4]), ("bs", F, []),
@@ -564,6 +567,8 @@ def deep_run_cases():
         "Hardmax[NaN rows]": case(
             "Hardmax", [("x", F, [3, 3])], {"x": np.array([[nan, 1, 2], [1, nan, 2], [3, nan, 1]], np.float32)}, opset=13),
         "ArgMax[NaN]": case("ArgMax", [("x", F, [4])], {"x": f(1.0, nan, 2.0, nan)}, opset=13, keepdims=0),
+        "ArgMin[NaN along rows]": case(
+            "ArgMin", [("x", F, [2, 3])], {"x": np.array([[1, nan, 0.5], [nan, 1, 2]], np.float32)}, opset=13, axis=1),
         "LogSoftmax[+inf in a row]": case(
             "LogSoftmax", [("x", F, [2, 3])], {"x": np.array([[1, inf, 3], [1, -inf, 3]], np.float32)}, opset=13),
         "MaxPool[float16 NaN]": case(

@@ -162,10 +162,11 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
         Ok(node.attr_ints(name)?.map(<[i64]>::to_vec).unwrap_or_else(|| vec![default; k]))
     };
     let (strides, dilations, out_pad) = (ints("strides", 1)?, ints("dilations", 1)?, ints("output_padding", 0)?);
-    if [&strides, &dilations, &out_pad].iter().any(|v| v.len() != k) || strides.iter().chain(&dilations).any(|&v| v < 1)
+    if [&strides, &dilations, &out_pad].iter().any(|v| v.len() != k)
+        || strides.iter().chain(&dilations).chain(&kernel).any(|&v| v < 1)
     {
         bail!(
-            "strides {strides:?}, dilations {dilations:?} and output_padding {out_pad:?} do not fit {k} spatial axes"
+            "kernel {kernel:?}, strides {strides:?}, dilations {dilations:?}, output_padding {out_pad:?}: not positive or not {k} values"
         );
     }
     let full: Vec<i64> =
@@ -207,6 +208,9 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
         }
         let total = lo[i] + hi[i];
         out[i] = full[i] - total;
+        if out[i] < 1 {
+            bail!("the output size {} of spatial axis {i} is not positive", out[i]);
+        }
         let eff = (kernel[i] - 1) * dilations[i] + 1;
         let implied = (out[i] + if from_target { total.max(0) } else { total } - eff) / strides[i] + 1;
         if implied != xs[2 + i] {

@@ -152,22 +152,37 @@ fn lower_arg(ctx: &mut LowerCtx<'_>, node: &NodeInfo, max: bool) -> Result<Vec<A
     let arg = |a: &Array| {
         if max { ops::argmax_axis(a, axis as i32, keep, s) } else { ops::argmin_axis(a, axis as i32, keep, s) }
     };
-    let idx = if last {
-        // The last extreme is the first one of the reversed axis.
-        let n = shape[axis];
+    // The last extreme is the first one of the reversed axis.
+    let n = shape[axis];
+    let last_arg = |a: &Array| -> Result<Array> {
         let rev = Array::from_slice(&(0..n).rev().collect::<Vec<i64>>(), &[n])?;
-        let flipped = ops::take(x, &rev, axis as i32, s)?;
-        let i = ops::astype(&arg(&flipped)?, Dtype::I64, s)?;
-        ops::subtract(&ops::scalar((n - 1) as f64, Dtype::I64, s)?, &i, s)?
-    } else if x.dtype().is_float() && shape[axis] > 1 {
-        // The first NaN, where a row has one, as ORT's CPU EP answers (MLX passes NaN over).
+        let i = ops::astype(&arg(&ops::take(a, &rev, axis as i32, s)?)?, Dtype::I64, s)?;
+        Ok(ops::subtract(&ops::scalar((n - 1) as f64, Dtype::I64, s)?, &i, s)?)
+    };
+    let plain = |a: &Array| -> Result<Array> { if last { last_arg(a) } else { Ok(arg(a)?) } };
+    let idx = if x.dtype().is_float() && n > 1 {
+        // NaN as ORT's CPU EP takes it: a 1-D input answers its first NaN (first index only);
+        // otherwise a NaN is passed over unless it comes first (then index 0 is the answer).
         let nan = ops::isnan(x, s)?;
-        let first_nan = ops::argmax_axis(&nan, axis as i32, keep, s)?;
-        let has_nan =
-            ops::astype(&ops::max_axes(&ops::astype(&nan, Dtype::U8, s)?, &[axis as i32], keep, s)?, Dtype::Bool, s)?;
-        ops::where_(&has_nan, &ops::astype(&first_nan, Dtype::I64, s)?, &ops::astype(&arg(x)?, Dtype::I64, s)?, s)?
+        let a = axis as i32;
+        let (pick, first) = if shape.len() == 1 && !last {
+            (ops::argmax_axis(&nan, a, keep, s)?, ops::max_axes(&ops::astype(&nan, Dtype::U8, s)?, &[a], keep, s)?)
+        } else {
+            let mut out = shape.clone();
+            if keep {
+                out[axis] = 1;
+            } else {
+                out.remove(axis);
+            }
+            let lead = ops::take(&nan, &Array::from_slice(&[0i64], &[1])?, a, s)?;
+            let lead = ops::reshape(&ops::astype(&lead, Dtype::U8, s)?, &out, s)?;
+            (ops::full(&out, &ops::scalar(0.0, Dtype::I64, s)?, Dtype::I64, s)?, lead)
+        };
+        let skip = if max { f64::NEG_INFINITY } else { f64::INFINITY };
+        let rest = ops::astype(&plain(&ops::where_(&nan, &ops::scalar(skip, x.dtype(), s)?, x, s)?)?, Dtype::I64, s)?;
+        ops::where_(&ops::astype(&first, Dtype::Bool, s)?, &ops::astype(&pick, Dtype::I64, s)?, &rest, s)?
     } else {
-        arg(x)?
+        plain(x)?
     };
     Ok(vec![ops::astype(&idx, Dtype::I64, s)?])
 }
