@@ -66,10 +66,8 @@ fn write(path: &std::path::Path, text: &str) -> Result {
     std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-pub fn bench(args: &[String]) -> Result {
-    let o = parse(args)?;
-    setup::ensure(None)?;
-    step("building the plugin, the runner and the benchmarks (release)");
+/// The release plugin, the runner (`mlx-ep-run`) and the native benchmark (`mlx-ep-bench`).
+pub fn build_release() -> Result {
     util::run(util::cargo().args([
         "build",
         "--release",
@@ -79,7 +77,14 @@ pub fn bench(args: &[String]) -> Result {
         "mlx-ep-host",
         "-p",
         "mlx-ep-bench",
-    ]))?;
+    ]))
+}
+
+pub fn bench(args: &[String]) -> Result {
+    let o = parse(args)?;
+    setup::ensure(None)?;
+    step("building the plugin, the runner and the benchmarks (release)");
+    crate::bench::build_release()?;
     let out = util::target_dir().join("bench");
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     let plugin = util::plugin_path("release");

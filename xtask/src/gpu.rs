@@ -27,16 +27,7 @@ pub fn stage(args: &[String]) -> Result {
     }
     setup::ensure(None)?;
     step("building the plugin, the runner and the native benchmark (release)");
-    util::run(util::cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "onnxruntime-mlx-ep",
-        "-p",
-        "mlx-ep-host",
-        "-p",
-        "mlx-ep-bench",
-    ]))?;
+    crate::bench::build_release()?;
     let gpu = util::target_dir().join("gpu");
     let bin = gpu.join("bin");
     std::fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
