@@ -13,6 +13,12 @@
 #            (MLX_MAX_OPS_PER_BUFFER, MLX_USE_CUDA_GRAPHS), after one run that compiles
 #   profile  the fp32 decoder (KV in the EP's memory, then growing) with the EP's verbose
 #            summary (time per phase, bytes copied), and the fp16 one with per-step progress
+#   probe    gpu/decode_probe.py: a decode step written in MLX, one change per variant
+#   steps    the fp16 decoder with the KV in the EP's memory, verbose, per-step progress,
+#            once per value of $COMPILE (default "1"; "0 1" runs eager first)
+#   cmd      the command in $GPU_CMD, in this environment (for one-off measurements)
+#   keep     the JIT kernel cache into $OUT/kernels.tar.gz (a later machine can carry it
+#            back: MLX_EP_KERNELS=path/kernels.tar.gz unpacks it before anything runs)
 # Everything printed also goes to $OUT/log (the device tool brings $OUT back), each report's
 # JSON to $OUT/results.tar.gz.
 set -uo pipefail
@@ -42,6 +48,11 @@ export ORT_MLX_EP_LIB=$root/target/gpu/bin/libonnxruntime_mlx_ep.so
 export PATH=$root/target/gpu/bin:$PATH PYTHONUNBUFFERED=1
 # MLX keeps JIT-compiled kernels under the temporary directory: one per machine, kept across calls.
 export TMPDIR=${TMPDIR:-/tmp}
+kernels=${XDG_CACHE_HOME:-$HOME/.cache}/onnxruntime-mlx-ep/kernels
+if [ -n "${MLX_EP_KERNELS:-}" ] && [ -f "$MLX_EP_KERNELS" ] && [ ! -e "$kernels.unpacked" ]; then
+  mkdir -p "$kernels" && tar -C "$kernels" -xzf "$MLX_EP_KERNELS" && touch "$kernels.unpacked"
+  echo "kernel cache: $(find "$kernels" -type f | wc -l) files unpacked from $MLX_EP_KERNELS"
+fi
 
 section() { echo; echo "===== $* ($(date +%T))"; }
 timed() {  # timed LIMIT_S NAME CMD...: run CMD under a time limit, print its wall time
@@ -105,6 +116,23 @@ for s in "${sections[@]}"; do
       section "profile: fp16 decoder, KV in the EP's memory, per step"
       MLX_EP_RUN_PROGRESS=1 ONNXRUNTIME_EP_MLX_VERBOSE=1 timed 200 "profile fp16 device" mlx-ep-run llm \
         --preset qwen2.5-0.5b-fp16 --kv device --prompt 128 --steps 32 --json "/tmp/mlx-gpu/json/profile-fp16-device.json" ;;
+    probe)
+      section "decode step written in MLX, variants"
+      timed 400 probe python3 gpu/decode_probe.py --json /tmp/mlx-gpu/json/probe.json ;;
+    steps)
+      for c in ${COMPILE:-1}; do
+        section "probe: fp16 decoder, KV in the EP's memory, compile=$c, verbose"
+        ONNXRUNTIME_EP_MLX_COMPILE=$c ONNXRUNTIME_EP_MLX_VERBOSE=1 MLX_EP_RUN_PROGRESS=1 timed 300 "probe fp16 compile=$c" \
+          mlx-ep-run llm --preset qwen2.5-0.5b-fp16 --kv device --prompt 128 --steps 32 \
+          --json "/tmp/mlx-gpu/json/probe-fp16-device-c$c.json"
+      done ;;
+    cmd)
+      section "command: $GPU_CMD"
+      bash -c "$GPU_CMD" ;;
+    keep)
+      section "kernel cache"
+      du -sh "$kernels" 2>/dev/null; find "$kernels" -type f 2>/dev/null | wc -l
+      tar -C "$kernels" -czf "$out/kernels.tar.gz" . && ls -la "$out/kernels.tar.gz" ;;
     *) echo "gpu/run.sh: unknown section '$s'"; exit 2 ;;
   esac
 done

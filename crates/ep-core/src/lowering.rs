@@ -158,7 +158,16 @@ pub struct LowerCtx<'a> {
     checks: Vec<Check>,
     /// Values of enclosing scopes by name (the node's implicit inputs), for its subgraphs.
     scope: Option<&'a std::collections::HashMap<String, Array>>,
+    /// Per input, which value of the partition it is (equal keys: the same array), and the
+    /// values lowerings share within one build (see [`LowerCtx::shared`]).
+    sources: Vec<String>,
+    memo: Option<&'a SharedValues>,
 }
+
+/// Values computed once per build of a partition's graph and reused by every node that asks
+/// for them from the same inputs (see [`LowerCtx::shared`]).
+#[derive(Default)]
+pub struct SharedValues(std::cell::RefCell<std::collections::HashMap<String, Vec<Array>>>);
 
 /// What the engine lends a lowering beyond its inputs; implemented by the engine (`exec`), so
 /// this contract depends on nothing above it.
@@ -222,7 +231,7 @@ impl<'a> LowerCtx<'a> {
     /// every call and subgraphs cannot run).
     pub fn new(inputs: Vec<Option<Array>>, stream: &'a Stream, cpu: &'a Stream) -> LowerCtx<'a> {
         let constants = vec![None; inputs.len()];
-        LowerCtx::for_node(inputs, constants, None, stream, cpu, false, false, None)
+        LowerCtx::for_node(inputs, constants, None, stream, cpu, false, false, None).with_sources(Vec::new(), None)
     }
 
     /// The context the engine builds for one node: its inputs, their constant identities, the
@@ -250,7 +259,42 @@ impl<'a> LowerCtx<'a> {
             guards: Vec::new(),
             checks: Vec::new(),
             scope,
+            sources: Vec::new(),
+            memo: None,
         }
+    }
+
+    /// Which partition value each input is, and the build's shared values.
+    pub(crate) fn with_sources(mut self, sources: Vec<String>, memo: Option<&'a SharedValues>) -> LowerCtx<'a> {
+        self.sources = sources;
+        self.memo = memo;
+        self
+    }
+
+    /// Arrays that depend only on the inputs `of` (and on what `tag` names), built once per
+    /// build of the partition's graph: every node whose inputs `of` are the same values of the
+    /// partition gets the first one's arrays (the rotary angles and the attention mask each
+    /// layer of a decoder computes from the same lengths). `build` runs with this node's
+    /// context, so its checks and guards are this node's. Outside a plan it just builds.
+    pub fn shared(
+        &mut self,
+        of: &[usize],
+        tag: &str,
+        build: impl FnOnce(&mut LowerCtx<'a>) -> Result<Vec<Array>>,
+    ) -> Result<Vec<Array>> {
+        let Some(memo) = self.memo else { return build(self) };
+        let mut key = String::from(tag);
+        for &i in of {
+            // (An optional input past the node's last one is absent.)
+            key.push('|');
+            key.push_str(self.sources.get(i).map_or("absent", String::as_str));
+        }
+        if let Some(found) = memo.0.borrow().get(&key) {
+            return Ok(found.clone());
+        }
+        let built = build(self)?;
+        memo.0.borrow_mut().insert(key, built.clone());
+        Ok(built)
     }
 
     /// Runs a subgraph (a branch of If, a loop body) on `inputs`, bound to its formal inputs in

@@ -74,7 +74,48 @@ pub struct SessionStats {
     pub aliased_bytes_not_copied: AtomicU64,
     phase_ns: [AtomicU64; 5],
     fallbacks: Mutex<Vec<String>>,
+    /// Per compiled closure (when verbose): what one application evaluates, counted on its
+    /// first application.
+    graphs: Mutex<Vec<GraphSize>>,
+    /// Whether the session prints its summary (and so counts graph sizes).
+    pub verbose: bool,
     tracer: Option<Tracer>,
+}
+
+/// The graph one compiled closure hands MLX per run, as MLX's `export_to_dot` draws it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GraphSize {
+    /// Which partition and slot.
+    pub what: String,
+    /// Primitives to run (the fused kernels of `mlx_compile` count one each).
+    pub primitives: usize,
+    /// Of those, fused elementwise kernels.
+    pub fused: usize,
+    /// Primitives by name, most frequent first.
+    pub by_name: Vec<(String, usize)>,
+}
+
+impl GraphSize {
+    /// Counts the primitive nodes of a Graphviz text from MLX's `export_to_dot` (a node line
+    /// carries a `label`; inputs and constants are drawn as boxes without a primitive).
+    pub fn from_dot(what: impl Into<String>, dot: &str) -> GraphSize {
+        let mut by_name: std::collections::BTreeMap<String, usize> = Default::default();
+        for line in dot.lines() {
+            let Some(at) = line.find("label =\"").or_else(|| line.find("label=\"")) else { continue };
+            if line.contains("shape=box") || line.contains("shape = box") {
+                continue;
+            }
+            let rest = &line[at..];
+            let start = rest.find('"').map_or(0, |i| i + 1);
+            let label: String = rest[start..].chars().take_while(|&c| c != '"').collect();
+            *by_name.entry(label).or_default() += 1;
+        }
+        let primitives = by_name.values().sum();
+        let fused = by_name.iter().filter(|(n, _)| n.starts_with("Compiled")).map(|(_, c)| c).sum();
+        let mut by_name: Vec<(String, usize)> = by_name.into_iter().collect();
+        by_name.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        GraphSize { what: what.into(), primitives, fused, by_name }
+    }
 }
 
 #[derive(Default, Clone)]
@@ -108,6 +149,11 @@ impl SessionStats {
     /// Statistics that also record a Chrome trace.
     pub fn with_tracer(tracer: Option<Tracer>) -> SessionStats {
         SessionStats { tracer, ..SessionStats::default() }
+    }
+
+    /// A session's statistics; `verbose` also counts each compiled closure's graph.
+    pub fn new(tracer: Option<Tracer>, verbose: bool) -> SessionStats {
+        SessionStats { tracer, verbose, ..SessionStats::default() }
     }
 
     pub fn tracer(&self) -> Option<&Tracer> {
@@ -146,6 +192,15 @@ impl SessionStats {
     /// Notes why a partition runs eagerly instead of compiled.
     pub fn record_fallback(&self, reason: String) {
         self.fallbacks.lock().unwrap_or_else(|p| p.into_inner()).push(reason);
+    }
+
+    /// Records the size of a compiled closure's graph.
+    pub fn record_graph(&self, g: GraphSize) {
+        self.graphs.lock().unwrap_or_else(|p| p.into_inner()).push(g);
+    }
+
+    pub fn graphs(&self) -> Vec<GraphSize> {
+        self.graphs.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub fn count(counter: &AtomicU64) -> u64 {
@@ -208,6 +263,17 @@ impl SessionStats {
         let phases: Vec<String> =
             Phase::ALL.iter().map(|&p| format!("{} {:.3} ms", p.name(), self.time(p).as_secs_f64() * 1e3)).collect();
         let _ = writeln!(s, "  time: {}", phases.join(", "));
+        for g in self.graphs() {
+            let top: Vec<String> = g.by_name.iter().take(40).map(|(n, c)| format!("{n} x{c}")).collect();
+            let _ = writeln!(
+                s,
+                "  graph per run, {}: {} primitives ({} fused kernels): {}",
+                g.what,
+                g.primitives,
+                g.fused,
+                top.join(", ")
+            );
+        }
         for f in self.fallbacks.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             let _ = writeln!(s, "  eager fallback: {f}");
         }

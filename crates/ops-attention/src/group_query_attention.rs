@@ -128,6 +128,22 @@ fn present(past: Option<&Array>, new: &Array, past_b: &Array, len: i64, g: &Geom
     Ok(ops::where_(&inside, &gathered, &base, s)?)
 }
 
+/// [`present`] for one batch entry with a past: the rows below `past_b` kept, one slice update
+/// writing `new` at `past_b` (a position held as data, so a replayed graph serves every step;
+/// clamped to the buffer, an entry past it fails the run through the seqlens check).
+fn present_one(past: &Array, new: &Array, past_b: &Array, len: i64, g: &Geometry, s: &Stream) -> Result<Array> {
+    let p_len = past.shape()[2];
+    let zero = ops::scalar(0.0, new.dtype(), s)?;
+    let p = if p_len < len {
+        ops::pad(past, &[0, 0, 0, 0], &[0, 0, len - p_len, 0], &zero, "constant", s)?
+    } else {
+        past.clone()
+    };
+    let base = ops::where_(&ops::less(&iota(len, 2, s)?, past_b, s)?, &p, &zero, s)?;
+    let start = ops::clip(&ops::reshape(past_b, &[1], s)?, Some(&int(0, s)?), Some(&int(len - g.seq, s)?), s)?;
+    Ok(ops::slice_update_dynamic(&base, new, &start, &[2], s)?)
+}
+
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let query = ctx.input(0)?;
@@ -196,47 +212,70 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     }
     let present_len = total.max(past_len);
     let first_prompt = g.seq == total;
-    // T_b and past_b, [B, 1, 1, 1].
-    let seqlens = ops::reshape(&ops::astype(ctx.input(5)?, Dtype::I32, s)?, &[g.batch, 1, 1, 1], s)?;
-    let t_b = ops::add(&seqlens, &int(1, s)?, s)?;
-    let past_b = if first_prompt {
-        ops::full(&[g.batch, 1, 1, 1], &int(0, s)?, Dtype::I32, s)?
-    } else {
-        ops::subtract(&t_b, &int(g.seq, s)?, s)?
-    };
+    // T_b and past_b, [B, 1, 1, 1]: the same for every layer, built once per graph.
+    let tag = format!("GroupQueryAttention lengths b={} s={} first={first_prompt}", g.batch, g.seq);
+    let lengths = ctx.shared(&[5], &tag, |ctx| {
+        let seqlens = ops::reshape(&ops::astype(ctx.input(5)?, Dtype::I32, s)?, &[g.batch, 1, 1, 1], s)?;
+        let t_b = ops::add(&seqlens, &int(1, s)?, s)?;
+        let past_b = if first_prompt {
+            ops::full(&[g.batch, 1, 1, 1], &int(0, s)?, Dtype::I32, s)?
+        } else {
+            ops::subtract(&t_b, &int(g.seq, s)?, s)?
+        };
+        Ok(vec![seqlens, t_b, past_b])
+    })?;
+    let (seqlens, t_b, past_b) = (lengths[0].clone(), lengths[1].clone(), lengths[2].clone());
 
     if node.attr_int("do_rotary", 0)? == 1 {
         let interleaved = node.attr_int("rotary_interleaved", 0)? == 1;
-        let steps = ops::reshape(&ops::arange(0.0, g.seq as f64, 1.0, Dtype::I32, s)?, &[1, g.seq], s)?;
-        let positions = match ctx.optional_input(9) {
-            Some(ids) if first_prompt => {
-                let first = ops::slice(ids, &[0, 0], &[1, 1], s)?;
-                ops::add(&ops::astype(&first, Dtype::I32, s)?, &steps, s)?
-            }
-            Some(ids) => ops::slice(&ops::astype(ids, Dtype::I32, s)?, &[0, 0], &[g.batch, g.seq], s)?,
-            None => ops::add(&ops::reshape(&past_b, &[g.batch, 1], s)?, &steps, s)?,
-        };
-        let positions = ops::broadcast_to(&positions, &[g.batch, g.seq], s)?;
-        let (cos_cache, sin_cache) = (ctx.input(7)?.clone(), ctx.input(8)?.clone());
-        let (cos, sin) = rotary::angles(ctx, &cos_cache, &sin_cache, &positions, s)?;
+        // The angles of every position: the same for every layer of a decoder (same lengths,
+        // same caches), so built once per graph.
+        let tag = format!("GroupQueryAttention angles b={} s={} first={first_prompt}", g.batch, g.seq);
+        let angles = ctx.shared(&[5, 7, 8, 9], &tag, |ctx| {
+            let steps = ops::reshape(&ops::arange(0.0, g.seq as f64, 1.0, Dtype::I32, s)?, &[1, g.seq], s)?;
+            let positions = match ctx.optional_input(9) {
+                Some(ids) if first_prompt => {
+                    let first = ops::slice(ids, &[0, 0], &[1, 1], s)?;
+                    ops::add(&ops::astype(&first, Dtype::I32, s)?, &steps, s)?
+                }
+                Some(ids) => ops::slice(&ops::astype(ids, Dtype::I32, s)?, &[0, 0], &[g.batch, g.seq], s)?,
+                None => ops::add(&ops::reshape(&past_b, &[g.batch, 1], s)?, &steps, s)?,
+            };
+            let positions = ops::broadcast_to(&positions, &[g.batch, g.seq], s)?;
+            let (cos_cache, sin_cache) = (ctx.input(7)?.clone(), ctx.input(8)?.clone());
+            let (cos, sin) = rotary::angles(ctx, &cos_cache, &sin_cache, &positions, s)?;
+            Ok(vec![cos, sin])
+        })?;
+        let (cos, sin) = (&angles[0], &angles[1]);
         // Rounded back to the model's type, as the cache holds them.
-        q = ops::astype(&rotary::rotate(&f32(&q)?, &cos, &sin, interleaved, s)?, dtype, s)?;
-        k = ops::astype(&rotary::rotate(&f32(&k)?, &cos, &sin, interleaved, s)?, dtype, s)?;
+        q = ops::astype(&rotary::rotate(&f32(&q)?, cos, sin, interleaved, s)?, dtype, s)?;
+        k = ops::astype(&rotary::rotate(&f32(&k)?, cos, sin, interleaved, s)?, dtype, s)?;
     }
     if let (true, Some(pk), Some(pv)) = (ctx.shapeless() && past_len + g.seq == total, &past_k, &past_v) {
         return decode_step(ctx, node, &g, (&q, &k, &v), (pk, pv), &past_b);
     }
     // Each entry's length within the present (the decode slot above replays a trace, whose
     // lengths grow, so it is not checked against a traced bound).
-    let last = ops::scalar((present_len - 1) as f64, Dtype::I32, s)?;
-    let valid =
-        ops::logical_and(&ops::greater_equal(&seqlens, &int(0, s)?, s)?, &ops::less_equal(&seqlens, &last, s)?, s)?;
-    ctx.check(
-        &valid,
-        format!("a seqlens_k entry is outside [0, {present_len}) (the present holds {present_len} rows)"),
-    )?;
-    let present_k = present(past_k.as_ref(), &k, &past_b, present_len, &g, s)?;
-    let present_v = present(past_v.as_ref(), &v, &past_b, present_len, &g, s)?;
+    // (Checked once per graph: every layer reads the same lengths.)
+    ctx.shared(&[5], &format!("GroupQueryAttention seqlens check len={present_len}"), |ctx| {
+        let last = ops::scalar((present_len - 1) as f64, Dtype::I32, s)?;
+        let valid =
+            ops::logical_and(&ops::greater_equal(&seqlens, &int(0, s)?, s)?, &ops::less_equal(&seqlens, &last, s)?, s)?;
+        ctx.check(
+            &valid,
+            format!("a seqlens_k entry is outside [0, {present_len}) (the present holds {present_len} rows)"),
+        )?;
+        Ok(Vec::new())
+    })?;
+    let (present_k, present_v) = match (&past_k, &past_v) {
+        (Some(pk), Some(pv)) if g.batch == 1 => {
+            (present_one(pk, &k, &past_b, present_len, &g, s)?, present_one(pv, &v, &past_b, present_len, &g, s)?)
+        }
+        _ => (
+            present(past_k.as_ref(), &k, &past_b, present_len, &g, s)?,
+            present(past_v.as_ref(), &v, &past_b, present_len, &g, s)?,
+        ),
+    };
     if past_k.is_some() && present_len == past_len {
         // A static cache: when ORT binds present to past's buffer (genai's shared buffer),
         // only the new rows are written into it.
@@ -244,25 +283,32 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         ctx.write_rows_at(4, &v, &past_b, 2, 2)?;
     }
 
-    // Which keys each query sees: [B, 1, S, L].
+    // Which keys each query sees: [B, 1, S, L] (and the queries that see none), the same for
+    // every layer of a decoder: built once per graph.
     let causal = node.attr_int("causal", 1)? == 1;
     let window = node.attr_int("local_window_size", -1)?;
-    // The keys [lo, hi): up to the causal frontier (capped at the last valid key) and at most
-    // `window` of them.
-    let hi = if causal {
-        ops::minimum(&ops::add(&ops::add(&past_b, &iota(g.seq, 2, s)?, s)?, &int(1, s)?, s)?, &t_b, s)?
-    } else {
-        t_b.clone()
-    };
-    let keys = iota(present_len, 3, s)?;
-    let mut allowed = ops::less(&keys, &hi, s)?;
-    let mut dead = None;
-    if window >= 0 {
-        let lo = ops::maximum(&ops::subtract(&hi, &int(window, s)?, s)?, &int(0, s)?, s)?;
-        allowed = ops::logical_and(&allowed, &ops::greater_equal(&keys, &lo, s)?, s)?;
-        // A zero-size window sees nothing: 0.
-        dead = Some(ops::less_equal(&hi, &lo, s)?);
-    }
+    let tag =
+        format!("GroupQueryAttention keys b={} s={} len={present_len} causal={causal} window={window}", g.batch, g.seq);
+    let seen = ctx.shared(&[5], &tag, |_| {
+        // The keys [lo, hi): up to the causal frontier (capped at the last valid key) and at
+        // most `window` of them.
+        let hi = if causal {
+            ops::minimum(&ops::add(&ops::add(&past_b, &iota(g.seq, 2, s)?, s)?, &int(1, s)?, s)?, &t_b, s)?
+        } else {
+            t_b.clone()
+        };
+        let keys = iota(present_len, 3, s)?;
+        let mut allowed = ops::less(&keys, &hi, s)?;
+        if window >= 0 {
+            let lo = ops::maximum(&ops::subtract(&hi, &int(window, s)?, s)?, &int(0, s)?, s)?;
+            allowed = ops::logical_and(&allowed, &ops::greater_equal(&keys, &lo, s)?, s)?;
+            // A zero-size window sees nothing: 0.
+            return Ok(vec![allowed, ops::less_equal(&hi, &lo, s)?]);
+        }
+        Ok(vec![allowed])
+    })?;
+    let allowed = seen[0].clone();
+    let dead = seen.get(1).cloned();
 
     let scale = match node.attr_float("scale", 0.0)? {
         x if x != 0.0 => x,
@@ -362,9 +408,21 @@ fn decode_step(
         x if x != 0.0 => x,
         _ => 1.0 / (g.head as f32).sqrt(),
     };
-    let f32 = |a: &Array| -> Result<Array> { Ok(ops::astype(a, Dtype::F32, s)?) };
-    let y =
-        ops::scaled_dot_product_attention(&f32(q)?, &f32(&present_k)?, &f32(&present_v)?, scale, None, g.seq > 1, s)?;
+    // On a GPU MLX's fused kernel widens half types to float32 itself (as ORT computes
+    // attention); elsewhere MLX's attention falls back to plain operations in the input type,
+    // so the inputs are widened first.
+    let wide = |a: &Array| -> Result<Array> {
+        Ok(if ep_core::mlx::default_device_is_gpu() { a.clone() } else { ops::astype(a, Dtype::F32, s)? })
+    };
+    let y = ops::scaled_dot_product_attention(
+        &wide(q)?,
+        &wide(&present_k)?,
+        &wide(&present_v)?,
+        scale,
+        None,
+        g.seq > 1,
+        s,
+    )?;
     Ok(vec![ops::astype(&heads::merge(&y, s)?, dtype, s)?, present_k, present_v])
 }
 

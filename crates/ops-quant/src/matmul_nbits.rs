@@ -157,27 +157,58 @@ fn dequantize(p: &Params, args: &[&Array], dtype: Dtype, s: &Stream) -> Result<V
     Ok(vec![ops::astype(&Array::from_slice(&w, &[p.n, kp as i64])?, dtype, s)?])
 }
 
+/// Whether `-scale * zero_point` is exact in `dtype` for every block: then MLX's affine form
+/// in that half type is the same weight as in float32, and MLX's kernels (which accumulate
+/// in float32) compute the product without widening A.
+fn biases_exact(p: &Params, args: &[&Array], dtype: Dtype, s: &Stream) -> Result<Vec<Array>> {
+    let scales = ops::astype(args[1], Dtype::F32, s)?.to_vec::<f32>(s)?;
+    let zp = zero_points(p, args.get(2).copied(), s)?;
+    let biases: Vec<f32> = scales.iter().zip(&zp).map(|(s, z)| -s * z).collect();
+    let back =
+        ops::astype(&ops::astype(&Array::from_slice(&biases, &[biases.len() as i64])?, dtype, s)?, Dtype::F32, s)?
+            .to_vec::<f32>(s)?;
+    let exact = scales.len() == zp.len() && back.iter().zip(&biases).all(|(a, b)| a.to_bits() == b.to_bits());
+    Ok(vec![Array::from_slice(&[exact as u8], &[1])?])
+}
+
+/// Rows from which a GPU runs the product as one dequantization and a dense matmul: MLX's
+/// quantized kernels for 8 rows or more are compiled on first use (tens of seconds on CUDA),
+/// while dequantizing then multiplying uses kernels MLX ships compiled, costs one pass over
+/// the weight, and runs the product on the GPU's matrix units.
+const DENSE_FROM_ROWS: i64 = 8;
+
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let p = Params::of(node).map_err(Error::new)?;
-    // Half types compute in float32 (as ORT's CPU kernel does): an affine bias
-    // `-scale * zero_point` rounded to float16 would be off by up to half a unit of 12.
     let dtype = ctx.input(0)?.dtype();
-    let a = ops::astype(ctx.input(0)?, Dtype::F32, s)?;
     let mut weights = vec![1, 2];
     if ctx.optional_input(3).is_some() {
         weights.push(3);
     }
     let kp = p.k_blocks() * p.block;
-    let shape = a.shape();
+    let shape = ctx.input(0)?.shape();
     if shape.last() != Some(&p.k) {
         bail!("A has shape {shape:?}; its last dimension must be K={}", p.k);
     }
+    let gpu = ep_core::mlx::default_device_is_gpu();
+    let affine = MLX_GROUP_SIZES.contains(&p.block);
+    // Half types compute in float32 (as ORT's CPU kernel does), except on a GPU where the
+    // affine bias `-scale * zero_point` is exact in the half type (always so for the default
+    // zero point): MLX's GPU kernels widen each product to float32 themselves, so the result
+    // is the same and A is read as it is. (An inexact bias rounded to float16 would be off by
+    // up to half a unit of 12.)
+    let half = matches!(dtype, Dtype::F16 | Dtype::BF16) && gpu && affine && ctx.optional_input(5).is_none() && {
+        let tag = format!("MatMulNBits exact bias bits={} block={} {dtype:?}", p.bits, p.block);
+        let flag = ctx.derived_many(&weights, &tag, |args, s| biases_exact(&p, args, dtype, s))?;
+        flag[0].host_bytes().is_some_and(|b| b == [1])
+    };
+    let compute = if half { dtype } else { Dtype::F32 };
+    let a = ops::astype(ctx.input(0)?, compute, s)?;
     let x = if kp > p.k {
         // The padding of B's last block multiplies zeros.
         let mut hi = vec![0; shape.len()];
         hi[shape.len() - 1] = kp - p.k;
-        ops::pad(&a, &vec![0; shape.len()], &hi, &ops::scalar(0.0, Dtype::F32, s)?, "constant", s)?
+        ops::pad(&a, &vec![0; shape.len()], &hi, &ops::scalar(0.0, compute, s)?, "constant", s)?
     } else {
         a
     };
@@ -189,10 +220,15 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         return Ok(vec![ops::full(&out_shape, &ops::scalar(0.0, dtype, s)?, dtype, s)?]);
     }
     let x = ops::reshape(&x, &[rows, kp], s)?;
-    let y = if MLX_GROUP_SIZES.contains(&p.block) {
-        let tag = format!("MatMulNBits affine bits={} block={}", p.bits, p.block);
-        let w = ctx.derived_many(&weights, &tag, |args, s| repack(&p, args, Dtype::F32, s))?;
-        ops::quantized_matmul(&x, &w[0], &w[1], &w[2], true, p.block as i32, p.bits as i32, s)?
+    let y = if affine {
+        let tag = format!("MatMulNBits affine bits={} block={} {compute:?}", p.bits, p.block);
+        let w = ctx.derived_many(&weights, &tag, |args, s| repack(&p, args, compute, s))?;
+        if gpu && rows >= DENSE_FROM_ROWS {
+            let dense = ops::dequantize(&w[0], &w[1], &w[2], p.block as i32, p.bits as i32, compute, s)?;
+            ops::matmul(&x, &ops::transpose(&dense, s)?, s)?
+        } else {
+            ops::quantized_matmul(&x, &w[0], &w[1], &w[2], true, p.block as i32, p.bits as i32, s)?
+        }
     } else {
         let tag = format!("MatMulNBits dequantized bits={} block={}", p.bits, p.block);
         let w = ctx.derived_many(&weights, &tag, |args, s| dequantize(&p, args, Dtype::F32, s))?;
@@ -202,7 +238,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     if let Some(bias) = ctx.optional_input(5) {
         y = ops::add(&y, &ops::astype(bias, Dtype::F32, s)?, s)?;
     }
-    Ok(vec![ops::astype(&y, dtype, s)?])
+    Ok(vec![if y.dtype() == dtype { y } else { ops::astype(&y, dtype, s)? }])
 }
 
 ep_core::register_lowering!(

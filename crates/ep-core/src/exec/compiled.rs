@@ -5,7 +5,7 @@
 use super::translate::{Flags, TraceMode, Translation, Verdict};
 use super::write_back::PendingRows;
 use super::{COMPILED_CACHE_CAPACITY, Mode, Plan, RunOutputs};
-use crate::mlx::{Array, Closure, Dtype, MlxError, Stream};
+use crate::mlx::{Array, Closure, Dtype, MlxError, Stream, VectorArray};
 use crate::stats::{Phase, SessionStats};
 use crate::{Error, Result};
 use std::collections::VecDeque;
@@ -181,6 +181,12 @@ impl Plan {
         let mut outputs = traced.closure.apply(inputs).map_err(Error::from)?;
         if fresh {
             self.stats.add_time(Phase::Translate, started.elapsed());
+            if self.stats.verbose {
+                // What each later replay hands MLX: the compiled tape behind the outputs.
+                let what = format!("{} ({} inputs)", self.translation.name, inputs.len());
+                let dot = VectorArray::from_arrays(&outputs)?.graph_dot()?;
+                self.stats.record_graph(crate::stats::GraphSize::from_dot(what, &dot));
+            }
         } else {
             self.stats.replays.fetch_add(1, Ordering::Relaxed);
         }

@@ -51,6 +51,7 @@ impl Translation {
         let mut guards: Vec<Array> = Vec::new();
         let mut checks: Vec<Check> = Vec::new();
         let mut values: Vec<Option<Array>> = vec![None; self.num_values];
+        let memo = crate::lowering::SharedValues::default();
         let resolve = |values: &[Option<Array>], src: Source| -> Option<Array> {
             match src {
                 Source::Input(i) => inputs.get(i).cloned(),
@@ -86,7 +87,8 @@ impl Translation {
                 tracing,
                 shapeless,
                 scope.as_ref(),
-            );
+            )
+            .with_sources(node.inputs.iter().map(|src| format!("{src:?}")).collect(), Some(&memo));
             let results =
                 node.lowering.lower(&mut ctx, info).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
             guards.extend(ctx.take_guards());

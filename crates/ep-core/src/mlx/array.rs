@@ -309,6 +309,37 @@ impl VectorArray {
         (0..self.len()).map(|i| self.get(i)).collect()
     }
 
+    /// The unevaluated graph behind the arrays as MLX's Graphviz text (`export_to_dot`):
+    /// one line per primitive and per input, one per edge. For diagnostics.
+    pub fn graph_dot(&self) -> Result<String> {
+        unsafe extern "C" {
+            fn fopen(path: *const std::ffi::c_char, mode: *const std::ffi::c_char) -> *mut mlx_sys::FILE;
+            fn fclose(f: *mut mlx_sys::FILE) -> c_int;
+        }
+        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("mlx-ep-graph-{}-{n}.dot", std::process::id()));
+        let c_path = std::ffi::CString::new(path.to_string_lossy().as_bytes())
+            .map_err(|e| MlxError(format!("graph file path: {e}")))?;
+        // SAFETY: both arguments are NUL-terminated strings that outlive the call.
+        let f = unsafe { fopen(c_path.as_ptr(), c"w".as_ptr()) };
+        if f.is_null() {
+            return Err(MlxError(format!("cannot write the graph to {}", path.display())));
+        }
+        // SAFETY: creates a namer owned here and freed below.
+        let namer = unsafe { mlx_sys::mlx_node_namer_new() };
+        // SAFETY: valid file, namer and vector handles.
+        let written = check(unsafe { mlx_sys::mlx_export_to_dot(f, namer, self.0) });
+        // SAFETY: `namer` and `f` were created above and are released once.
+        unsafe {
+            mlx_sys::mlx_node_namer_free(namer);
+            fclose(f);
+        }
+        let text = written.and_then(|()| std::fs::read_to_string(&path).map_err(|e| MlxError(e.to_string())));
+        let _ = std::fs::remove_file(&path);
+        text
+    }
+
     /// Evaluates every array in the vector in one MLX evaluation.
     pub fn eval(&self) -> Result<()> {
         // SAFETY: valid handle.

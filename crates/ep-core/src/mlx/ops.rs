@@ -212,6 +212,19 @@ pub fn slice(a: &Array, start: &[i64], stop: &[i64], s: &Stream) -> Result<Array
 }
 
 /// `src` with `src[start:stop] = update` (unit strides); `src` itself is unchanged.
+/// `src` with `update` written at the offsets `start` (an integer array, one entry per axis
+/// of `axes`) along `axes`: the offsets are data, so one compiled graph serves every position.
+/// The caller keeps `start + update`'s extent within `src`.
+pub fn slice_update_dynamic(src: &Array, update: &Array, start: &Array, axes: &[i32], s: &Stream) -> Result<Array> {
+    let axes: Vec<c_int> = axes.iter().map(|&a| a as c_int).collect();
+    let mut out = Array::empty();
+    // SAFETY: valid handles; `axes` outlives the call.
+    check(unsafe {
+        mlx_sys::mlx_slice_update_dynamic(&mut out.0, src.0, update.0, start.0, axes.as_ptr(), axes.len(), s.0)
+    })?;
+    Ok(out)
+}
+
 pub fn slice_update(src: &Array, update: &Array, start: &[i64], stop: &[i64], s: &Stream) -> Result<Array> {
     let (start, stop) = (dims(start)?, dims(stop)?);
     let strides = vec![1 as c_int; start.len()];
@@ -767,19 +780,6 @@ pub fn rms_norm(x: &Array, weight: &Array, eps: f32, s: &Stream) -> Result<Array
 pub fn take_range(a: &Array, start: i64, len: i64, axis: i32, s: &Stream) -> Result<Array> {
     let idx: Vec<i32> = (start..start + len).map(|i| i as i32).collect();
     take(a, &Array::from_slice(&idx, &[len])?, axis, s)
-}
-
-/// MLX's fused rotary embedding with frequencies `base^(-2i/dims)` and the position offset
-/// given as an array (so a compiled graph does not bake it in).
-pub fn rope_with_base(x: &Array, dims: i32, traditional: bool, base: f32, offset: &Array, s: &Stream) -> Result<Array> {
-    let mut out = Array::empty();
-    let base = mlx_sys::mlx_optional_float { value: base, has_value: true };
-    let none = Array::empty();
-    // SAFETY: as above.
-    check(unsafe {
-        mlx_sys::mlx_fast_rope_dynamic(&mut out.0, x.0, dims as c_int, traditional, base, 1.0, offset.0, none.0, s.0)
-    })?;
-    Ok(out)
 }
 
 /// The number of elements of `a` over `axes` (the product of those dimensions), as a scalar

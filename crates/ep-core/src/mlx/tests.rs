@@ -213,3 +213,17 @@ fn shapeless_replays_refuse_baked_reshapes_but_keep_baked_constants() {
     let baked = replay(|x, s| ops::add(x, &ops::arange(0.0, x.shape()[0] as f64, 1.0, Dtype::F32, s)?, s)).unwrap();
     assert_ne!(baked[0].to_vec::<f32>(&s).unwrap(), vec![1.0, 3.0, 5.0, 7.0, 9.0, 11.0]);
 }
+
+#[test]
+fn a_graph_is_counted_by_its_primitives() {
+    let _g = lock();
+    let s = cpu();
+    let x = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+    let y = ops::exp(&ops::add(&x, &x, &s).unwrap(), &s).unwrap();
+    let dot = VectorArray::from_arrays([&y]).unwrap().graph_dot().unwrap();
+    let size = crate::stats::GraphSize::from_dot("test", &dot);
+    // The input is drawn but is no primitive; Add and Exp are.
+    assert_eq!(size.primitives, 2, "{dot}");
+    assert_eq!(size.fused, 0);
+    assert!(size.by_name.contains(&("Add".to_owned(), 1)) && size.by_name.contains(&("Exp".to_owned(), 1)), "{dot}");
+}

@@ -63,8 +63,8 @@ impl Ep {
                 GetKernelRegistry: None,
                 IsConcurrentRunSupported: Some(concurrent_run_supported),
             },
+            stats: Arc::new(SessionStats::new(tracer, options.verbose)),
             options,
-            stats: Arc::new(SessionStats::with_tracer(tracer)),
         }))
     }
 }
