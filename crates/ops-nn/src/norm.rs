@@ -15,6 +15,16 @@ fn f32_of(x: &Array, s: &Stream) -> Result<Array> {
     Ok(if x.dtype() == Dtype::F64 { x.clone() } else { ops::astype(x, Dtype::F32, s)? })
 }
 
+/// Input `i` (a scale or bias) as [`f32_of`] makes it: a constant is converted once per
+/// session rather than on every run. (Not a one-element constant: inside a compiled graph
+/// the engine rebuilds those exactly, which a converted copy would bypass.)
+fn f32_param(ctx: &LowerCtx<'_>, i: usize) -> Result<Array> {
+    if ctx.is_constant(i) && ctx.input(i)?.size() > 1 {
+        return ctx.derived(i, "as float32", f32_of);
+    }
+    f32_of(ctx.input(i)?, ctx.stream())
+}
+
 /// `(x - mean) / sqrt(var + eps)` over `axes` (kept as size-1 dims), with the mean and
 /// `1 / sqrt(var + eps)`.
 fn standardize(x: &Array, axes: &[i32], eps: f64, s: &Stream) -> Result<(Array, Array, Array)> {
@@ -65,9 +75,9 @@ fn lower_layer_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
     let eps = node.attr_float("epsilon", 1e-5)? as f64;
     let axes: Vec<i32> = (axis as i32..r as i32).collect();
     let (y, mean, inv) = standardize(&f32_of(x, s)?, &axes, eps, s)?;
-    let mut y = ops::multiply(&y, &f32_of(ctx.input(1)?, s)?, s)?;
-    if let Some(b) = ctx.optional_input(2) {
-        y = ops::add(&y, &f32_of(b, s)?, s)?;
+    let mut y = ops::multiply(&y, &f32_param(ctx, 1)?, s)?;
+    if ctx.optional_input(2).is_some() {
+        y = ops::add(&y, &f32_param(ctx, 2)?, s)?;
     }
     let mut outs = vec![ops::astype(&y, x.dtype(), s)?];
     // Mean and InvStdDev, when asked for, in their declared type.
@@ -130,7 +140,7 @@ fn rms_of_inputs(ctx: &LowerCtx<'_>, node: &NodeInfo) -> Result<(Array, Array)> 
     let axis = normalize_axis(node.attr_int("axis", -1)?, r)?;
     let eps = node.attr_float("epsilon", 1e-5)? as f64;
     let axes: Vec<i32> = (axis as i32..r as i32).collect();
-    rms_normalize(x, ctx.input(1)?, &axes, eps, ctx.stream())
+    rms_normalize(x, &f32_param(ctx, 1)?, &axes, eps, ctx.stream())
 }
 
 fn claim_rms_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -190,11 +200,11 @@ fn lower_skip_simplified_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result
     let x = ctx.input(0)?;
     // The sum in float32, as ORT's kernel normalizes it (its sum output is rounded apart).
     let mut sum = ops::add(&f32_of(x, s)?, &f32_of(&skip_input(ctx)?, s)?, s)?;
-    if let Some(bias) = ctx.optional_input(3) {
-        sum = ops::add(&sum, &f32_of(bias, s)?, s)?;
+    if ctx.optional_input(3).is_some() {
+        sum = ops::add(&sum, &f32_param(ctx, 3)?, s)?;
     }
     let eps = node.attr_float("epsilon", 1e-12)? as f64;
-    let (y, inv) = rms_normalize(&sum, ctx.input(2)?, &[-1], eps, s)?;
+    let (y, inv) = rms_normalize(&sum, &f32_param(ctx, 2)?, &[-1], eps, s)?;
     let sum = ops::astype(&sum, x.dtype(), s)?;
     let unused_mean = ops::multiply(&inv, &ops::scalar(0.0, Dtype::F32, s)?, s)?;
     Ok(vec![ops::astype(&y, x.dtype(), s)?, unused_mean, inv, sum])
@@ -287,15 +297,15 @@ fn lower_skip_layer_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<
     let x = ctx.input(0)?;
     // The sum in float32, as ORT's kernel normalizes it (its sum output is rounded apart).
     let mut sum = ops::add(&f32_of(x, s)?, &f32_of(&skip_input(ctx)?, s)?, s)?;
-    if let Some(bias) = ctx.optional_input(4) {
-        sum = ops::add(&sum, &f32_of(bias, s)?, s)?;
+    if ctx.optional_input(4).is_some() {
+        sum = ops::add(&sum, &f32_param(ctx, 4)?, s)?;
     }
     let eps = node.attr_float("epsilon", 1e-12)? as f64;
     let (y, mean, inv) = standardize(&sum, &[-1], eps, s)?;
     let sum = ops::astype(&sum, x.dtype(), s)?;
-    let mut y = ops::multiply(&y, &f32_of(ctx.input(2)?, s)?, s)?;
-    if let Some(beta) = ctx.optional_input(3) {
-        y = ops::add(&y, &f32_of(beta, s)?, s)?;
+    let mut y = ops::multiply(&y, &f32_param(ctx, 2)?, s)?;
+    if ctx.optional_input(3).is_some() {
+        y = ops::add(&y, &f32_param(ctx, 3)?, s)?;
     }
     Ok(vec![ops::astype(&y, x.dtype(), s)?, mean, inv, sum])
 }
