@@ -117,6 +117,18 @@ impl Values {
             _ => Values::Uniform { lo: 0.0, hi: 8.0 },
         }
     }
+
+    /// An 8-bit integer matrix product's weights (the right-hand side): uint8 over its whole
+    /// range, int8 within 7 bits, [-64, 64). ORT's CPU EP multiplies uint8 by int8 on x86
+    /// without VNNI with an instruction that saturates the sum of two products at 16 bits
+    /// (its quantization docs say so), so a full-range int8 weight gives a different answer on
+    /// such hosts than on VNNI hosts; the MLX EP is exact at any range.
+    pub fn int8_weights(dtype: DType) -> Values {
+        match dtype {
+            DType::I8 => Values::Uniform { lo: -64.0, hi: 64.0 },
+            _ => Values::Uniform { lo: 0.0, hi: 256.0 },
+        }
+    }
 }
 
 /// A graph input or constant: name, element type, shape and how its values are drawn.

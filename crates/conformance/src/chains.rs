@@ -85,11 +85,7 @@ pub fn dynamic_quant_matmul() -> BoxedStrategy<Case> {
             x_shape.extend([s, k]);
             let mut y_shape = x_shape.clone();
             *y_shape.last_mut().expect("rank >= 2") = n;
-            let full = if wt == DType::I8 {
-                Values::Uniform { lo: -128.0, hi: 128.0 }
-            } else {
-                Values::Uniform { lo: 0.0, hi: 256.0 }
-            };
+            let weights = Values::int8_weights(wt);
             let params: &[i64] = if per_column { &[n] } else { &[] };
             // An all-zero activation (scale 0) now and then, as padding rows produce.
             let x_values = if zero_x { Values::Uniform { lo: 0.0, hi: 0.0 } } else { Values::Uniform { lo, hi } };
@@ -97,8 +93,8 @@ pub fn dynamic_quant_matmul() -> BoxedStrategy<Case> {
                 opsets: vec![(String::new(), 17)],
                 inputs: vec![tensor("x", DType::F32, &x_shape, x_values)],
                 constants: vec![
-                    tensor("w", wt, &[k, n], full.clone()),
-                    tensor("w_zp", wt, params, full),
+                    tensor("w", wt, &[k, n], weights.clone()),
+                    tensor("w_zp", wt, params, weights),
                     tensor("w_scale", DType::F32, params, Values::Uniform { lo: w_scale, hi: 2.0 * w_scale }),
                 ],
                 nodes: vec![

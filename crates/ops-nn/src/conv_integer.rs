@@ -249,7 +249,7 @@ mod spec {
                     "w",
                     t,
                     &w,
-                    range(t),
+                    Values::int8_weights(t),
                 );
                 if zp {
                     case =
@@ -270,7 +270,7 @@ mod spec {
                     .input_with("x", t, &x, range(t))
                     .input_with("x_scale", DType::F32, &[], scale(0.05))
                     .input_with("x_zp", t, &[], range(t))
-                    .input_with("w", t, &w, range(t))
+                    .input_with("w", t, &w, Values::int8_weights(t))
                     .input_with("w_scale", DType::F32, &ws, scale(0.05))
                     .input_with(
                         "w_zp",

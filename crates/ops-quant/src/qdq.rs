@@ -535,7 +535,7 @@ mod spec {
                     "b",
                     tb,
                     &[k, n],
-                    full_range(tb),
+                    Values::int8_weights(tb),
                 );
                 case = match zp {
                     0 => case,
@@ -555,7 +555,7 @@ mod spec {
                     .input_with("a", t, &[m, k], full_range(t))
                     .input_with("a_scale", DType::F32, &[], scale(0.05))
                     .input_with("a_zp", t, &[], full_range(t))
-                    .input_with("b", t, &[k, n], full_range(t))
+                    .input_with("b", t, &[k, n], Values::int8_weights(t))
                     .input_with("b_scale", DType::F32, &[], scale(0.05))
                     .input_with("b_zp", t, &[], full_range(t))
                     .input_with("y_scale", DType::F32, &[], scale(20.0))
