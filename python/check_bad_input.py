@@ -422,6 +422,7 @@ def shape_rule_cases():
         out[f"DynamicQuantizeLinear[{label}]"] = case(
             "DynamicQuantizeLinear", [("x", F, [None])], {"x": np.array(x, np.float32)}, n_out=3, opset=11)
     out.update(deep_run_cases())
+    out.update(per_op_draw_cases())
     return out
 
 
@@ -604,6 +605,44 @@ def deep_run_cases():
             "Dropout", [("x", F, [2, 2]), ("r", F, [])], {"x": rand(2, 2), "r": f(inf).reshape(())}, opset=13),
         "DepthToSpace[empty mode]": case("DepthToSpace", [("x", F, [1, 4, 2, 2])], {"x": rand(1, 4, 2, 2)}, blocksize=2,
                                          mode=""),
+    }
+
+
+def per_op_draw_cases():
+    """The bounded fuzz run's findings once each op draws its own cases (seed 20261203)."""
+    MS, I8, I32, H = "com.microsoft", TensorProto.INT8, TensorProto.INT32, TensorProto.FLOAT16
+    f = lambda *v: np.array(v, np.float32)  # noqa: E731
+    i8 = lambda v: np.array(v, np.int8)  # noqa: E731
+    qmm = [("a", I8, [2, 3]), ("as", F, []), ("az", I8, []), ("b", I8, [3, 2]), ("bs", F, []), ("bz", I8, []),
+           ("ys", F, [None]), ("yz", I8, [])]
+    return {
+        # MLX's CPU scan divides by the empty axis (SIGFPE).
+        "LRN[empty spatial axis]": case(
+            "LRN", [("x", F, [1, 4, None, 4])], {"x": rand(1, 4, 0, 4)}, opset=13, size=1, alpha=0.002, beta=0.5,
+            bias=2.0),
+        "DequantizeLinear[more blocks than the input holds]": case(
+            "DequantizeLinear", [("x", I8, [None]), ("s", F, [2]), ("z", I8, [2])],
+            {"x": np.zeros(0, np.int8), "s": f(0.5, 0.25), "z": i8([1, 2])}, opset=21, axis=0, block_size=2),
+        "QLinearMatMul[result scale of two]": case(
+            "QLinearMatMul", qmm,
+            {"a": np.ones((2, 3), np.int8), "as": f(0.5), "az": i8(0), "b": np.ones((3, 2), np.int8), "bs": f(0.25),
+             "bz": i8(0), "ys": f(1.0, 2.0), "yz": i8(0)}, opset=10),
+        "Resize[exclude_outside 2^31]": case(
+            "Resize", [("x", F, [2, 1, 3, 4]), None, ("sc", F, [4])],
+            {"x": rand(2, 1, 3, 4), "sc": f(1, 1, 1.5, 1)}, opset=18, mode="cubic",
+            coordinate_transformation_mode="asymmetric", exclude_outside=1 << 31),
+        "GroupQueryAttention[scalar seqlens_k]": case(
+            "GroupQueryAttention", [("qkv", H, [1, 2, 128]), None, None, None, None, ("sl", I32, None),
+                                    ("tl", I32, [])],
+            {"qkv": rand(1, 2, 128).astype(np.float16), "sl": np.array(1, np.int32), "tl": np.array(2, np.int32)},
+            n_out=3, domain=MS, num_heads=4, kv_num_heads=2),
+        "QLinearConv[empty axis the pads fill]": case(
+            "QLinearConv",
+            [("x", I8, [2, 4, None, 4]), ("xs", F, []), ("xz", I8, []), ("w", I8, [2, 2, 2, 2]), ("ws", F, []),
+             ("wz", I8, []), ("ys", F, []), ("yz", I8, [])],
+            {"x": np.zeros((2, 4, 0, 4), np.int8), "xs": f(0.5), "xz": i8(3), "w": np.ones((2, 2, 2, 2), np.int8),
+             "ws": f(0.25), "wz": i8(0), "ys": f(1.0), "yz": i8(-2)}, opset=10, group=2, kernel_shape=[2, 2],
+            strides=[2, 2], pads=[1, 1, 1, 1]),
     }
 
 

@@ -210,6 +210,10 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             g.seq
         );
     }
+    let seqlens_shape = ctx.input(5)?.shape();
+    if seqlens_shape != [g.batch] {
+        bail!("seqlens_k {seqlens_shape:?} must be 1-D with one entry per batch entry ({})", g.batch);
+    }
     let present_len = total.max(past_len);
     let first_prompt = g.seq == total;
     // T_b and past_b, [B, 1, 1, 1]: the same for every layer, built once per graph.

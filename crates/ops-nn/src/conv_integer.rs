@@ -66,9 +66,9 @@ fn integer_conv(
         bail!("kernel_shape {k:?} differs from the weight's {kernel:?}");
     }
     let window = Window::of(node, &xs[2..], kernel.clone(), false)?;
-    // ConvInteger over an empty spatial axis that its pads make non-empty: every window holds
-    // only padding (the input's zero point), so every sum is 0, as ORT's CPU EP answers.
-    if node.op_type == "ConvInteger" && xs[1] > 0 && xs[2..].contains(&0) && window.out.iter().all(|&o| o > 0) {
+    // An empty spatial axis that the pads make non-empty: every window holds only padding
+    // (the input's zero point), so every sum is 0, as ORT's CPU EP answers.
+    if xs[1] > 0 && xs[2..].contains(&0) && window.out.iter().all(|&o| o > 0) {
         let shape = [vec![xs[0], ws[0]], window.out.clone()].concat();
         return Ok(ops::full(&shape, &ops::scalar(0.0, Dtype::I32, s)?, Dtype::I32, s)?);
     }

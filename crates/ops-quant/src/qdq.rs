@@ -33,8 +33,12 @@ fn broadcast_param(param: &Array, x: &[i64], axis: usize, block: i64, s: &Stream
         shape[axis] = x[axis];
         return Ok(ops::reshape(param, &shape, s)?);
     }
-    if ps.len() != x.len() || (0..x.len()).any(|d| d != axis && ps[d] != x[d]) || ps[axis] * block < x[axis] {
-        bail!("blocked parameter {ps:?} does not cover {x:?} in blocks of {block} along axis {axis}");
+    // As ORT's CPU EP: exactly ceil(x / block) blocks along the axis, no more.
+    if ps.len() != x.len()
+        || (0..x.len()).any(|d| d != axis && ps[d] != x[d])
+        || ps[axis] != (x[axis] + block - 1) / block
+    {
+        bail!("blocked parameter {ps:?} does not hold ceil({x:?} / {block}) blocks along axis {axis}");
     }
     let mut wide = ps.clone();
     wide.insert(axis + 1, block);
@@ -351,16 +355,21 @@ fn claim_qlinear_matmul(node: &NodeInfo) -> std::result::Result<(), Decline> {
 /// exactly in int32.
 fn lower_qlinear_matmul(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
+    // As ORT's CPU EP: a's and the result's scale and zero point are one element each.
+    for (i, what) in [(1, "a_scale"), (2, "a_zero_point"), (6, "y_scale"), (7, "y_zero_point")] {
+        let p = ctx.input(i)?;
+        if p.ndim() > 1 || p.size() != 1 {
+            bail!("{what} of shape {:?} must be a scalar or a 1-D tensor of one element", p.shape());
+        }
+    }
     let acc = integer_matmul(ctx.input(0)?, ctx.input(3)?, Some(ctx.input(2)?), Some(ctx.input(5)?), s)?;
     let n = *acc.shape().last().unwrap_or(&1);
-    let m = acc.shape().iter().rev().nth(1).copied().unwrap_or(1);
-    let a_scale = f32(ctx.input(1)?, s)?;
-    let a_scale =
-        if a_scale.size() > 1 { ops::reshape(&a_scale, &[m, 1], s)? } else { ops::reshape(&a_scale, &[], s)? };
+    let a_scale = ops::reshape(&f32(ctx.input(1)?, s)?, &[], s)?;
     let b_scale = f32(ctx.input(4)?, s)?;
     let b_scale =
         if b_scale.size() > 1 { ops::reshape(&b_scale, &[1, n], s)? } else { ops::reshape(&b_scale, &[], s)? };
-    let multiplier = ops::divide(&ops::multiply(&a_scale, &b_scale, s)?, &f32(ctx.input(6)?, s)?, s)?;
+    let y_scale = ops::reshape(&f32(ctx.input(6)?, s)?, &[], s)?;
+    let multiplier = ops::divide(&ops::multiply(&a_scale, &b_scale, s)?, &y_scale, s)?;
     let t = ctx.input(7)?.dtype();
     let one = ops::scalar(1.0, Dtype::F32, s)?;
     let zp = ops::reshape(&f32(ctx.input(7)?, s)?, &[], s)?;

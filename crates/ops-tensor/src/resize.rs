@@ -172,7 +172,7 @@ fn plan_axis(
             }
             _ => {
                 let a = node.attr_float("cubic_coeff_a", -0.75)? as f64;
-                let exclude = node.attr_int("exclude_outside", 0)? == 1;
+                let exclude = node.attr_int("exclude_outside", 0)? != 0;
                 let i0 = x.floor() as i64;
                 let mut w = cubic_weights(x - i0 as f64, a);
                 let idx: Vec<i64> = (-1..=2).map(|k| i0 + k).collect();

@@ -1,6 +1,7 @@
 //! The fuzzer's parent process (`mlx-ep-conformance --fuzz ...`): draws `cases` valid cases
 //! round-robin over every spec (a shuffled op order per round, so a short run still spreads
-//! over the ops), mutates each, runs each in a child process under a timeout and an address
+//! over the ops; each op's draws and mutations depend only on the seed and the op, so adding
+//! an op leaves the other ops' cases as they were), mutates each, runs each in a child process under a timeout and an address
 //! space limit, counts the verdicts per op and per mutation, and saves failures under
 //! `target/fuzz/failures/<op>-<mutation>-<hash>/` with the command that replays them.
 //! The parent itself never loads ONNX Runtime or MLX.
@@ -64,6 +65,11 @@ fn mix(seed: u64, i: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A stable 64-bit hash of an op's name (FNV-1a).
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 /// Draws and mutates the run's cases (deterministic in the options' seed, op and mutation).
 pub fn draw(opts: &Options) -> Vec<FuzzCase> {
     let specs: Vec<&'static OpSpec> =
@@ -78,19 +84,23 @@ pub fn draw(opts: &Options) -> Vec<FuzzCase> {
             (suite::display_name(s.domain(), s.op()), (s.cases)(), runner)
         })
         .collect();
+    // Each op's own stream: its place in a round and its mutations come from the seed and
+    // its name, not from how many other ops there are.
+    let keys: Vec<u64> = sources.iter().map(|(op, ..)| mix(opts.seed, name_hash(op))).collect();
     let mut out = Vec::new();
     let mut order: Vec<usize> = Vec::new();
     for i in 0..opts.cases {
         if sources.is_empty() {
             break;
         }
-        let k = (i % sources.len() as u64) as usize;
+        let (k, round) = ((i % sources.len() as u64) as usize, i / sources.len() as u64);
         if k == 0 {
             order = (0..sources.len()).collect();
-            fastrand::Rng::with_seed(mix(opts.seed, i / sources.len() as u64)).shuffle(&mut order);
+            order.sort_by_key(|&o| mix(keys[o], round));
         }
+        let key = keys[order[k]];
         let (op, strategy, runner) = &mut sources[order[k]];
-        let mut rng = fastrand::Rng::with_seed(mix(opts.seed, i));
+        let mut rng = fastrand::Rng::with_seed(mix(key, round));
         for _attempt in 0..8 {
             let drawn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| strategy.new_tree(runner)));
             let Ok(Ok(tree)) = drawn else { continue };
@@ -542,5 +552,21 @@ mod tests {
         }
         let again = draw(&opts);
         assert!(again.iter().zip(&cases).all(|(a, b)| a.label() == b.label()), "draws are deterministic");
+    }
+
+    #[test]
+    fn an_op_draws_the_same_cases_whatever_the_other_ops() {
+        crate::link_op_crates();
+        // One op alone, and the same op among all of them: its cases (model, mutation, compile
+        // or eager) are the same, in the same order.
+        let op = "Gather";
+        let alone = draw(&Options { cases: 5, seed: 9, op: Some(op.into()), ..Options::default() });
+        let all = draw(&Options { cases: 5 * suite::specs_and_chains().len() as u64, seed: 9, ..Options::default() });
+        let among: Vec<&FuzzCase> = all.iter().filter(|c| c.op == op).collect();
+        assert_eq!(alone.len(), 5);
+        assert_eq!(among.len(), 5);
+        for (a, b) in alone.iter().zip(among) {
+            assert_eq!((a.label(), &a.mutation, a.compile), (b.label(), &b.mutation, b.compile));
+        }
     }
 }

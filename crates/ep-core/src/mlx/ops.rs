@@ -435,8 +435,12 @@ pub fn pad(a: &Array, low: &[i64], high: &[i64], value: &Array, mode: &str, s: &
     Ok(out)
 }
 
-/// Cumulative sum (`product: false`) or product along `axis`, in `a`'s dtype.
+/// Cumulative sum (`product: false`) or product along `axis`, in `a`'s dtype. An empty `a`
+/// is its own answer (MLX 0.32.2's CPU scan divides by the empty axis: SIGFPE).
 pub fn cumulative(a: &Array, axis: i32, product: bool, reverse: bool, inclusive: bool, s: &Stream) -> Result<Array> {
+    if a.size() == 0 {
+        return Ok(a.clone());
+    }
     let f = if product { mlx_sys::mlx_cumprod_axis } else { mlx_sys::mlx_cumsum_axis };
     let keep = mlx_sys::mlx_optional_dtype { value: a.dtype().to_raw(), has_value: false };
     let mut out = Array::empty();
