@@ -608,8 +608,19 @@ def deep_run_cases():
     }
 
 
+def mvn_without_axes():
+    """MeanVarianceNormalization with an empty `axes` list (the helper cannot type an empty list)."""
+    node = helper.make_node("MeanVarianceNormalization", ["x"], ["y0"], name="mvn")
+    node.attribute.append(helper.make_attribute("axes", [], attr_type=onnx.AttributeProto.INTS))
+    graph = helper.make_graph([node], "bad_input", [vi("x", F, [2, 3, 2, 2])], [helper.make_empty_tensor_value_info("y0")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
 def per_op_draw_cases():
-    """The bounded fuzz run's findings once each op draws its own cases (seed 20261203)."""
+    """The fuzz runs' findings once each op draws its own cases (the bounded run at seed 20261203
+    and the deep run at 20261204)."""
     MS, I8, I32, H = "com.microsoft", TensorProto.INT8, TensorProto.INT32, TensorProto.FLOAT16
     f = lambda *v: np.array(v, np.float32)  # noqa: E731
     i8 = lambda v: np.array(v, np.int8)  # noqa: E731
@@ -636,6 +647,13 @@ def per_op_draw_cases():
                                     ("tl", I32, [])],
             {"qkv": rand(1, 2, 128).astype(np.float16), "sl": np.array(1, np.int32), "tl": np.array(2, np.int32)},
             n_out=3, domain=MS, num_heads=4, kv_num_heads=2),
+        "GlobalMaxPool[NaN over one axis]": case(
+            "GlobalMaxPool", [("x", F, [1, 2, 3])], {"x": f(1.0, np.nan, 2.0, np.nan, np.nan, np.nan).reshape(1, 2, 3)},
+            opset=12),
+        "MeanVarianceNormalization[no axes]": (mvn_without_axes(), {"x": rand(2, 3, 2, 2)}),
+        "Attention[query without heads]": case(
+            "Attention", [("q", F, [2, None, 1, 3]), ("k", F, [2, 2, 1, 3]), ("v", F, [2, 2, 1, 3])],
+            {"q": rand(2, 0, 1, 3), "k": rand(2, 2, 1, 3), "v": rand(2, 2, 1, 3)}, n_out=3, opset=23),
         "QLinearConv[empty axis the pads fill]": case(
             "QLinearConv",
             [("x", I8, [2, 4, None, 4]), ("xs", F, []), ("xz", I8, []), ("w", I8, [2, 2, 2, 2]), ("ws", F, []),

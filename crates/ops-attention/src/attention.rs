@@ -61,8 +61,8 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
     let (batch, q_heads, q_len, head) = (qs[0], qs[1], qs[2], qs[3]);
     let (kv_heads, total) = (ks[1], ks[2]);
     // As ORT's CPU EP: one batch size, a query with tokens, a mask of rank 2 to 4.
-    if ks[0] != batch || v.shape()[0] != batch || q_len < 1 || kv_heads < 1 {
-        bail!("query {qs:?}, key {ks:?} and value {:?} need one batch size and a nonempty query", v.shape());
+    if ks[0] != batch || v.shape()[0] != batch || q_len < 1 || kv_heads < 1 || q_heads < 1 {
+        bail!("query {qs:?}, key {ks:?} and value {:?} need one batch size and a nonempty query with heads", v.shape());
     }
     if let Some(m) = ctx.optional_input(3)
         && !(2..=4).contains(&m.ndim())

@@ -507,6 +507,10 @@ fn lower_mvn(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         Some(a) => a.iter().map(|&a| normalize_axis(a, r).map(|a| a as i32)).collect::<std::result::Result<_, _>>()?,
         None => vec![0, 2, 3],
     };
+    if axes.is_empty() {
+        // (ORT's CPU EP refuses it too: "No valid axes are specified".)
+        ep_core::bail!("MeanVarianceNormalization needs at least one axis; `axes` is empty");
+    }
     let w = f32_of(x, s)?;
     let mean = ops::mean_axes(&w, &axes, true, s)?;
     let centered = ops::subtract(&w, &mean, s)?;

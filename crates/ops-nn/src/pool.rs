@@ -174,6 +174,15 @@ fn global(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Arr
     let t = x.dtype();
     let work = if t == Dtype::F32 { x.clone() } else { ops::astype(x, Dtype::F32, s)? };
     let y = match kind {
+        // Over one spatial axis ORT's CPU kernel starts from float32's lowest value and passes
+        // NaN over (a row of NaN only gives that value). (Over more, its NaN answers depend on
+        // where the NaN falls; MLX propagates NaN there.)
+        Kind::Max if shape.len() == 3 => {
+            let skipped =
+                ops::where_(&ops::isnan(&work, s)?, &ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?, &work, s)?;
+            let m = ops::max_axes(&skipped, &axes, true, s)?;
+            ops::maximum(&m, &ops::scalar(f32::MIN as f64, Dtype::F32, s)?, s)?
+        }
         Kind::Max => ops::max_axes(&work, &axes, true, s)?,
         Kind::Average => ops::mean_axes(&work, &axes, true, s)?,
         Kind::Lp => {
