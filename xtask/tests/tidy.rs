@@ -48,7 +48,7 @@ fn every_rust_file_starts_with_a_module_header() {
 #[test]
 fn files_stay_within_their_size_budget() {
     const OVER_BUDGET: &[(&str, usize)] =
-        &[("crates/ep-core/src/lowering.rs", 720), ("crates/ep-core/src/mlx/ops.rs", 800)];
+        &[("crates/ep-core/src/lowering.rs", 720), ("crates/ep-core/src/mlx/ops.rs", 680)];
     let mut over = Vec::new();
     for (path, text) in rust_files() {
         let lines = text.lines().count();

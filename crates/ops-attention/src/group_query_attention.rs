@@ -128,10 +128,11 @@ fn present(past: Option<&Array>, new: &Array, past_b: &Array, len: i64, g: &Geom
     Ok(ops::where_(&inside, &gathered, &base, s)?)
 }
 
-/// [`present`] for one batch entry with a past: the rows below `past_b` kept, one slice update
-/// writing `new` at `past_b` (a position held as data, so a replayed graph serves every step;
-/// clamped to the buffer, an entry past it fails the run through the seqlens check).
-fn present_one(past: &Array, new: &Array, past_b: &Array, len: i64, g: &Geometry, s: &Stream) -> Result<Array> {
+/// [`present`] for one batch entry with a past: the rows below `past_b` kept (`keep`, `[1, 1,
+/// len, 1]`), one slice update writing `new` at `start` (`past_b` clamped to the buffer, `[1]`:
+/// a position held as data, so a replayed graph serves every step; an entry past the buffer
+/// fails the run through the seqlens check).
+fn present_one(past: &Array, new: &Array, keep: &Array, start: &Array, len: i64, s: &Stream) -> Result<Array> {
     let p_len = past.shape()[2];
     let zero = ops::scalar(0.0, new.dtype(), s)?;
     let p = if p_len < len {
@@ -139,9 +140,7 @@ fn present_one(past: &Array, new: &Array, past_b: &Array, len: i64, g: &Geometry
     } else {
         past.clone()
     };
-    let base = ops::where_(&ops::less(&iota(len, 2, s)?, past_b, s)?, &p, &zero, s)?;
-    let start = ops::clip(&ops::reshape(past_b, &[1], s)?, Some(&int(0, s)?), Some(&int(len - g.seq, s)?), s)?;
-    Ok(ops::slice_update_dynamic(&base, new, &start, &[2], s)?)
+    Ok(ops::slice_update_dynamic(&ops::where_(keep, &p, &zero, s)?, new, start, &[2], s)?)
 }
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
@@ -171,22 +170,20 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         }
     }
     let f32 = |a: &Array| -> Result<Array> { Ok(ops::astype(a, Dtype::F32, s)?) };
-    let (q, k, v) = if packed && ctx.shapeless() {
-        // Gathered, not sliced: the decode slot's shapeless trace refuses slices.
-        let (nq, nk) = (heads * g.head, kv_heads * g.head);
-        (
-            ops::take_range(query, 0, nq, 2, s)?,
-            ops::take_range(query, nq, nk, 2, s)?,
-            ops::take_range(query, nq + nk, nk, 2, s)?,
-        )
-    } else if packed {
-        let parts = ops::split_at(query, &[heads * g.head, (heads + kv_heads) * g.head], 2, s)?;
-        (parts[0].clone(), parts[1].clone(), parts[2].clone())
-    } else {
-        (query.clone(), ctx.input(1)?.clone(), ctx.input(2)?.clone())
+    let shapeless = ctx.shapeless();
+    let part = |a: &Array, start: i64, len: i64| heads::part(a, start, len, 1, shapeless, s);
+    // [B, n, S, H]: one token's [B, 1, n * H] already lies that way.
+    let to_heads = |a: &Array, n: i64| -> Result<Array> {
+        if g.seq == 1 { Ok(ops::reshape(a, &[g.batch, n, 1, g.head], s)?) } else { heads::split(a, n, s) }
     };
-    let (mut q, mut k) = (heads::split(&q, heads, s)?, heads::split(&k, kv_heads, s)?);
-    let v = heads::split(&v, kv_heads, s)?;
+    // The query heads (packed: with the key heads after them, so that rotary runs once over
+    // both), the key heads apart (not packed) and the value heads.
+    let (mut qk, mut k_apart, v) = if packed {
+        let all = to_heads(query, width)?;
+        (part(&all, 0, heads + kv_heads)?, None, part(&all, heads + kv_heads, kv_heads)?)
+    } else {
+        (to_heads(query, heads)?, Some(to_heads(ctx.input(1)?, kv_heads)?), to_heads(ctx.input(2)?, kv_heads)?)
+    };
 
     let past_k = ctx.optional_input(3).cloned();
     let past_v = ctx.optional_input(4).cloned();
@@ -252,9 +249,14 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         })?;
         let (cos, sin) = (&angles[0], &angles[1]);
         // Rounded back to the model's type, as the cache holds them.
-        q = ops::astype(&rotary::rotate(&f32(&q)?, cos, sin, interleaved, s)?, dtype, s)?;
-        k = ops::astype(&rotary::rotate(&f32(&k)?, cos, sin, interleaved, s)?, dtype, s)?;
+        let rotate = |x: &Array| rotary::rotate(x, cos, sin, interleaved, shapeless, s);
+        qk = rotate(&qk)?;
+        k_apart = k_apart.as_ref().map(rotate).transpose()?;
     }
+    let (q, k) = match k_apart {
+        Some(k) => (qk, k),
+        None => (part(&qk, 0, heads)?, part(&qk, heads, kv_heads)?),
+    };
     if let (true, Some(pk), Some(pv)) = (ctx.shapeless() && past_len + g.seq == total, &past_k, &past_v) {
         return decode_step(ctx, node, &g, (&q, &k, &v), (pk, pv), &past_b);
     }
@@ -273,7 +275,15 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     })?;
     let (present_k, present_v) = match (&past_k, &past_v) {
         (Some(pk), Some(pv)) if g.batch == 1 => {
-            (present_one(pk, &k, &past_b, present_len, &g, s)?, present_one(pv, &v, &past_b, present_len, &g, s)?)
+            // The rows kept and where the new ones go: the same for every layer.
+            let tag =
+                format!("GroupQueryAttention one entry's rows len={present_len} s={} first={first_prompt}", g.seq);
+            let at = ctx.shared(&[5], &tag, |_| {
+                let keep = ops::less(&iota(present_len, 2, s)?, &past_b, s)?;
+                let last = int(present_len - g.seq, s)?;
+                Ok(vec![keep, ops::clip(&ops::reshape(&past_b, &[1], s)?, Some(&int(0, s)?), Some(&last), s)?])
+            })?;
+            (present_one(pk, &k, &at[0], &at[1], present_len, s)?, present_one(pv, &v, &at[0], &at[1], present_len, s)?)
         }
         _ => (
             present(past_k.as_ref(), &k, &past_b, present_len, &g, s)?,
@@ -283,8 +293,9 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     if past_k.is_some() && present_len == past_len {
         // A static cache: when ORT binds present to past's buffer (genai's shared buffer),
         // only the new rows are written into it.
-        ctx.write_rows_at(3, &k, &past_b, 2, 1)?;
-        ctx.write_rows_at(4, &v, &past_b, 2, 2)?;
+        let starts = ops::reshape(&past_b, &[g.batch], s)?;
+        ctx.write_rows_at(3, &k, &starts, 2, 1)?;
+        ctx.write_rows_at(4, &v, &starts, 2, 2)?;
     }
 
     // Which keys each query sees: [B, 1, S, L] (and the queries that see none), the same for

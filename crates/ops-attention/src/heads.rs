@@ -1,5 +1,6 @@
 //! The head layout every attention lowering converts to and from: `[B, S, heads * H]` (ONNX's
-//! 3-D form) and `[B, heads, S, H]` (what attention computes over).
+//! 3-D form) and `[B, heads, S, H]` (what attention computes over), and the parts cut out of
+//! them.
 
 use ep_core::mlx::{Array, Stream, ops};
 use ep_core::{Result, bail};
@@ -17,6 +18,10 @@ pub(crate) fn split(x: &Array, heads: i64, s: &Stream) -> Result<Array> {
 /// `[B, heads, S, H]` to `[B, S, heads * H]`.
 pub(crate) fn merge(y: &Array, s: &Stream) -> Result<Array> {
     let sh = y.shape();
+    if sh.len() == 4 && sh[2] == 1 {
+        // One token: the heads already lie in order.
+        return Ok(ops::reshape(y, &[sh[0], 1, sh[1] * sh[3]], s)?);
+    }
     Ok(ops::reshape(&ops::transpose_axes(y, &[0, 2, 1, 3], s)?, &[sh[0], sh[2], sh[1] * sh[3]], s)?)
 }
 
@@ -29,4 +34,20 @@ pub(crate) fn repeat(x: &Array, reps: i64, s: &Stream) -> Result<Array> {
     let sh = x.shape();
     let t = ops::broadcast_to(&ops::expand_dims(x, 2, s)?, &[sh[0], sh[1], reps, sh[2], sh[3]], s)?;
     Ok(ops::reshape(&t, &[sh[0], sh[1] * reps, sh[2], sh[3]], s)?)
+}
+
+/// `len` entries of `x` from `start` along `axis`: a view in a shape-keyed graph; in the
+/// decode slot's shapeless trace (`shapeless`), a dynamic slice of the traced shape, which is
+/// right there because the attention lowerings refuse the slot when their query or input
+/// grows (their shapes stay as traced).
+pub(crate) fn part(x: &Array, start: i64, len: i64, axis: usize, shapeless: bool, s: &Stream) -> Result<Array> {
+    if shapeless {
+        return Ok(ops::slice_fixed(x, start, len, axis, s)?);
+    }
+    let shape = x.shape();
+    let mut lo = vec![0; shape.len()];
+    let mut hi = shape;
+    lo[axis] = start;
+    hi[axis] = start + len;
+    Ok(ops::slice(x, &lo, &hi, s)?)
 }

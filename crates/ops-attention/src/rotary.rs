@@ -7,26 +7,34 @@
 //! half-split pairs `(x[i], x[i + h])`, interleaved pairs `(x[2i], x[2i + 1])`, each rotated as
 //! `(a, b) -> (a c - b s, b c + a s)`. Computed in float32 and rounded once, as ORT does.
 
+use crate::heads;
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{LowerCtx, Result, bail};
 
-/// Rotates `x` (`[B, heads, S, H]`, float32) by `cos`/`sin` (`[B, 1, S, rotary_dim / 2]`,
-/// float32, broadcast over heads).
-pub(crate) fn rotate(x: &Array, cos: &Array, sin: &Array, interleaved: bool, s: &Stream) -> Result<Array> {
+/// Rotates `x` (`[B, heads, S, H]`, any float type) by `cos`/`sin` (`[B, 1, S, rotary_dim /
+/// 2]`, float32, broadcast over heads), in float32, rounded once to `x`'s type; `shapeless`:
+/// building the decode slot's trace (see [`heads::part`]). The parts are cut before they are
+/// widened, so that the widening and the rounding join the rotation's fused kernel.
+pub(crate) fn rotate(
+    x: &Array,
+    cos: &Array,
+    sin: &Array,
+    interleaved: bool,
+    shapeless: bool,
+    s: &Stream,
+) -> Result<Array> {
     let shape = x.shape();
-    let head = shape[3];
+    let (head, dtype) = (shape[3], x.dtype());
     let half = cos.shape()[3];
     let rd = 2 * half;
-    // Parts are gathered rather than sliced so that the decode slot's shapeless trace replays.
-    let (rot, pass) = if rd < head {
-        (ops::take_range(x, 0, rd, 3, s)?, Some(ops::take_range(x, rd, head - rd, 3, s)?))
-    } else {
-        (x.clone(), None)
-    };
+    let part = |a: &Array, start: i64, len: i64, axis: usize| heads::part(a, start, len, axis, shapeless, s);
+    let (rot, pass) =
+        if rd < head { (part(x, 0, rd, 3)?, Some(part(x, rd, head - rd, 3)?)) } else { (x.clone(), None) };
     let turn = |a: &Array, b: &Array| -> Result<(Array, Array)> {
-        let y1 = ops::subtract(&ops::multiply(a, cos, s)?, &ops::multiply(b, sin, s)?, s)?;
-        let y2 = ops::add(&ops::multiply(b, cos, s)?, &ops::multiply(a, sin, s)?, s)?;
-        Ok((y1, y2))
+        let (a, b) = (ops::astype(a, Dtype::F32, s)?, ops::astype(b, Dtype::F32, s)?);
+        let y1 = ops::subtract(&ops::multiply(&a, cos, s)?, &ops::multiply(&b, sin, s)?, s)?;
+        let y2 = ops::add(&ops::multiply(&b, cos, s)?, &ops::multiply(&a, sin, s)?, s)?;
+        Ok((ops::astype(&y1, dtype, s)?, ops::astype(&y2, dtype, s)?))
     };
     let rotated = if interleaved {
         let mut pairs_shape = shape[..3].to_vec();
@@ -34,14 +42,14 @@ pub(crate) fn rotate(x: &Array, cos: &Array, sin: &Array, interleaved: bool, s: 
         let pairs = ops::reshape(&rot, &pairs_shape, s)?;
         let mut half_shape = shape[..3].to_vec();
         half_shape.push(half);
-        let a = ops::reshape(&ops::take_range(&pairs, 0, 1, 4, s)?, &half_shape, s)?;
-        let b = ops::reshape(&ops::take_range(&pairs, 1, 1, 4, s)?, &half_shape, s)?;
+        let a = ops::reshape(&part(&pairs, 0, 1, 4)?, &half_shape, s)?;
+        let b = ops::reshape(&part(&pairs, 1, 1, 4)?, &half_shape, s)?;
         let (y1, y2) = turn(&a, &b)?;
         let mut out_shape = shape[..3].to_vec();
         out_shape.push(rd);
         ops::reshape(&ops::stack(&[y1, y2], 4, s)?, &out_shape, s)?
     } else {
-        let (y1, y2) = turn(&ops::take_range(&rot, 0, half, 3, s)?, &ops::take_range(&rot, half, half, 3, s)?)?;
+        let (y1, y2) = turn(&part(&rot, 0, half, 3)?, &part(&rot, half, half, 3)?)?;
         ops::concatenate(&[y1, y2], 3, s)?
     };
     Ok(match pass {

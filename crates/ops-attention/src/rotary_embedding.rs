@@ -51,28 +51,27 @@ fn claim_onnx(node: &NodeInfo) -> std::result::Result<(), Decline> {
 }
 
 /// Rotates `x` with angles `(cos, sin)` (`[B, 1, S, dim/2]` float32), any layout.
-fn apply(node: &NodeInfo, x: &Array, cos: &Array, sin: &Array, s: &Stream) -> Result<Array> {
-    let dtype = x.dtype();
+fn apply(ctx: &LowerCtx<'_>, node: &NodeInfo, x: &Array, cos: &Array, sin: &Array, s: &Stream) -> Result<Array> {
     let shape = x.shape();
     let interleaved = node.attr_int("interleaved", 0)? == 1;
     let half = cos.shape()[3];
     let heads_4d = if shape.len() == 4 {
-        ops::astype(x, Dtype::F32, s)?
+        x.clone()
     } else {
         let heads = match node.attr_int("num_heads", 0)? {
             n if n > 0 => n,
             _ if shape[2] == 2 * half => 1,
             _ => bail!("num_heads is needed when the rotary dimension is not the whole hidden size"),
         };
-        ops::astype(&heads::split(x, heads, s)?, Dtype::F32, s)?
+        heads::split(x, heads, s)?
     };
     let head = heads_4d.shape()[3];
     if 2 * half > head {
         bail!("the caches rotate {} features; heads have {head}", 2 * half);
     }
-    let y = rotary::rotate(&heads_4d, cos, sin, interleaved, s)?;
-    let y = if shape.len() == 4 { y } else { heads::merge(&y, s)? };
-    Ok(ops::astype(&y, dtype, s)?)
+    // (Its inputs never grow in the decode slot: it declares no growth.)
+    let y = rotary::rotate(&heads_4d, cos, sin, interleaved, ctx.shapeless(), s)?;
+    Ok(if shape.len() == 4 { y } else { heads::merge(&y, s)? })
 }
 
 /// The shapes ORT's kernels require: cos and sin caches alike, position ids `[batch, sequence]`
@@ -126,7 +125,7 @@ fn lower_ms(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     };
     let (cos_cache, sin_cache) = (ctx.input(2)?.clone(), ctx.input(3)?.clone());
     let (cos, sin) = rotary::angles(ctx, &cos_cache, &sin_cache, &positions, s)?;
-    Ok(vec![apply(node, x, &cos, &sin, s)?])
+    Ok(vec![apply(ctx, node, x, &cos, &sin, s)?])
 }
 
 fn lower_onnx(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
@@ -154,7 +153,7 @@ fn lower_onnx(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     if dim > 0 && dim != 2 * cos.shape()[3] {
         bail!("rotary_embedding_dim {dim} does not match caches of {} columns", cos.shape()[3]);
     }
-    Ok(vec![apply(node, x, &cos, &sin, s)?])
+    Ok(vec![apply(ctx, node, x, &cos, &sin, s)?])
 }
 
 ep_core::register_lowering!(

@@ -212,14 +212,15 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     } else {
         a
     };
-    // MLX's CPU kernel divides by the row count: run 2-D, and never on zero rows.
+    // MLX's CPU kernel divides by the row count: never on zero rows.
     let mut out_shape = shape[..shape.len() - 1].to_vec();
     out_shape.push(p.n);
     let rows: i64 = shape[..shape.len() - 1].iter().product();
     if rows == 0 {
         return Ok(vec![ops::full(&out_shape, &ops::scalar(0.0, dtype, s)?, dtype, s)?]);
     }
-    let x = ops::reshape(&x, &[rows, kp], s)?;
+    // (A batched A goes in as it is; a vector as one row.)
+    let x = if shape.len() < 2 { ops::reshape(&x, &[rows, kp], s)? } else { x };
     let y = if affine {
         let tag = format!("MatMulNBits affine bits={} block={} {compute:?}", p.bits, p.block);
         let w = ctx.derived_many(&weights, &tag, |args, s| repack(&p, args, compute, s))?;
@@ -234,7 +235,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         let w = ctx.derived_many(&weights, &tag, |args, s| dequantize(&p, args, Dtype::F32, s))?;
         ops::matmul(&x, &ops::transpose(&w[0], s)?, s)?
     };
-    let mut y = ops::reshape(&y, &out_shape, s)?;
+    let mut y = if shape.len() < 2 { ops::reshape(&y, &out_shape, s)? } else { y };
     if let Some(bias) = ctx.optional_input(5) {
         y = ops::add(&y, &ops::astype(bias, Dtype::F32, s)?, s)?;
     }

@@ -13,6 +13,7 @@ mod array;
 mod closure;
 pub mod device;
 mod dtype;
+mod fast;
 pub mod ops;
 mod stream;
 #[cfg(test)]

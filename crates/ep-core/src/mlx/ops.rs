@@ -4,6 +4,8 @@
 use super::{Array, Dtype, Result, Stream, check};
 use std::ffi::c_int;
 
+pub use super::fast::{dequantize, quantize, quantized_matmul, rms_norm, rope, scaled_dot_product_attention};
+
 macro_rules! unary {
     ($($(#[$doc:meta])* $name:ident => $raw:ident;)*) => {$(
         $(#[$doc])*
@@ -211,7 +213,6 @@ pub fn slice(a: &Array, start: &[i64], stop: &[i64], s: &Stream) -> Result<Array
     Ok(out)
 }
 
-/// `src` with `src[start:stop] = update` (unit strides); `src` itself is unchanged.
 /// `src` with `update` written at the offsets `start` (an integer array, one entry per axis
 /// of `axes`) along `axes`: the offsets are data, so one compiled graph serves every position.
 /// The caller keeps `start + update`'s extent within `src`.
@@ -631,159 +632,34 @@ pub fn einsum(subscripts: &str, operands: &[Array], s: &Stream) -> Result<Array>
     Ok(out)
 }
 
-fn optional_int(v: i32) -> mlx_sys::mlx_optional_int {
-    mlx_sys::mlx_optional_int { value: v as c_int, has_value: true }
-}
-
-/// The packed form of `w` (`[.., K]`, K a multiple of `group_size`) in MLX's affine quantized
-/// layout: `(packed uint32 [.., K * bits / 32], scales [.., K / group_size], biases)`, with
-/// `w ≈ scales * q + biases` per group.
-pub fn quantize(w: &Array, group_size: i32, bits: i32, s: &Stream) -> Result<(Array, Array, Array)> {
-    let mut out = super::VectorArray::new();
-    let mode = c"affine";
-    let none = Array::empty();
-    // SAFETY: `out` is a vector this function owns (mlx-c replaces its contents); inputs are
-    // valid handles and `mode` is a static C string.
-    check(unsafe {
-        mlx_sys::mlx_quantize(&mut out.0, w.0, optional_int(group_size), optional_int(bits), mode.as_ptr(), none.0, s.0)
-    })?;
-    let parts = out.to_vec()?;
-    match <[Array; 3]>::try_from(parts) {
-        Ok([q, scales, biases]) => Ok((q, scales, biases)),
-        Err(p) => Err(super::MlxError(format!("quantize returned {} arrays", p.len()))),
-    }
-}
-
-/// `x @ dequantize(w).T` (`transpose`) or `x @ dequantize(w)`, for `w` in MLX's affine layout
-/// (see [`quantize`]), without materialising the dequantized weight.
-#[allow(clippy::too_many_arguments)]
-pub fn quantized_matmul(
-    x: &Array,
-    w: &Array,
-    scales: &Array,
-    biases: &Array,
-    transpose: bool,
-    group_size: i32,
-    bits: i32,
-    s: &Stream,
-) -> Result<Array> {
-    let mut out = Array::empty();
-    let mode = c"affine";
-    // SAFETY: as above; `mode` is a static C string.
-    check(unsafe {
-        mlx_sys::mlx_quantized_matmul(
-            &mut out.0,
-            x.0,
-            w.0,
-            scales.0,
-            biases.0,
-            transpose,
-            optional_int(group_size),
-            optional_int(bits),
-            mode.as_ptr(),
-            s.0,
-        )
-    })?;
-    Ok(out)
-}
-
-/// The weight `scales * q + biases` of an affine-quantized `w`, as `dtype`.
-pub fn dequantize(
-    w: &Array,
-    scales: &Array,
-    biases: &Array,
-    group_size: i32,
-    bits: i32,
-    dtype: Dtype,
-    s: &Stream,
-) -> Result<Array> {
-    let mut out = Array::empty();
-    let mode = c"affine";
-    let none = Array::empty();
-    let dt = mlx_sys::mlx_optional_dtype { value: dtype.to_raw(), has_value: true };
-    // SAFETY: as above.
-    check(unsafe {
-        mlx_sys::mlx_dequantize(
-            &mut out.0,
-            w.0,
-            scales.0,
-            biases.0,
-            optional_int(group_size),
-            optional_int(bits),
-            mode.as_ptr(),
-            none.0,
-            dt,
-            s.0,
-        )
-    })?;
-    Ok(out)
-}
-
-/// MLX's fused rotary embedding over the last axis of `x` (`[.., S, D]`, positions counted
-/// along the second-to-last axis from `offset`): the first `dims` features are rotated by
-/// `freqs` (`[dims / 2]` inverse frequencies), the rest pass through. `traditional` rotates
-/// adjacent pairs (interleaved), otherwise the two halves.
-pub fn rope(x: &Array, dims: i32, traditional: bool, freqs: &Array, offset: i32, s: &Stream) -> Result<Array> {
-    let mut out = Array::empty();
-    let base = mlx_sys::mlx_optional_float { value: 0.0, has_value: false };
-    // SAFETY: as above.
-    check(unsafe {
-        mlx_sys::mlx_fast_rope(&mut out.0, x.0, dims as c_int, traditional, base, 1.0, offset, freqs.0, s.0)
-    })?;
-    Ok(out)
-}
-
-/// MLX's fused attention `softmax(q k^T * scale + mask) v` over `[B, heads, S, D]` inputs
-/// (grouped key/value heads allowed). `mask` is an additive or boolean array broadcastable to
-/// the scores, or `None`; `causal` asks for MLX's own lower-right causal mask instead.
-pub fn scaled_dot_product_attention(
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    scale: f32,
-    mask: Option<&Array>,
-    causal: bool,
-    s: &Stream,
-) -> Result<Array> {
-    let mut out = Array::empty();
-    let none = Array::empty();
-    let (mode, mask) = match (mask, causal) {
-        (Some(m), _) => (c"array", m),
-        (None, true) => (c"causal", &none),
-        (None, false) => (c"", &none),
-    };
-    // SAFETY: as above.
-    check(unsafe {
-        mlx_sys::mlx_fast_scaled_dot_product_attention(
-            &mut out.0,
-            q.0,
-            k.0,
-            v.0,
-            scale,
-            mode.as_ptr(),
-            mask.0,
-            none.0,
-            false,
-            s.0,
-        )
-    })?;
-    Ok(out)
-}
-
-/// MLX's fused RMS normalisation over the last axis: `x / sqrt(mean(x^2) + eps) * weight`.
-pub fn rms_norm(x: &Array, weight: &Array, eps: f32, s: &Stream) -> Result<Array> {
-    let mut out = Array::empty();
-    // SAFETY: as above.
-    check(unsafe { mlx_sys::mlx_fast_rms_norm(&mut out.0, x.0, weight.0, eps, s.0) })?;
-    Ok(out)
-}
-
 /// `len` consecutive entries of `a` from `start` along `axis`, as a gather with constant
 /// indices: unlike a slice, it replays in a shapeless-compiled graph while other dimensions
 /// of `a` change (a slice bakes the traced shape of every axis).
 pub fn take_range(a: &Array, start: i64, len: i64, axis: i32, s: &Stream) -> Result<Array> {
     let idx: Vec<i32> = (start..start + len).map(|i| i as i32).collect();
     take(a, &Array::from_slice(&idx, &[len])?, axis, s)
+}
+
+/// `len` entries of `a` from `start` along `axis`, for a graph that may be compiled
+/// shapeless: there MLX re-derives every shape on replay and its slice has no rule for that,
+/// so the slice is a dynamic one (a start held as data) whose output shape is `a`'s as traced
+/// with `len` along `axis`. Only for an `a` whose shape stays as traced (elsewhere
+/// [`take_range`]); in a shape-keyed graph [`slice`] is a view and costs nothing.
+pub fn slice_fixed(a: &Array, start: i64, len: i64, axis: usize, s: &Stream) -> Result<Array> {
+    let mut size = a.shape();
+    if axis >= size.len() || start < 0 || len < 0 || start + len > size[axis] {
+        return Err(super::MlxError(format!("slice [{start}, {}) of axis {axis} of {size:?}", start + len)));
+    }
+    size[axis] = len;
+    let size = dims(&size)?;
+    let at = Array::from_slice(&[start as i32], &[1])?;
+    let axes = [axis as c_int];
+    let mut out = Array::empty();
+    // SAFETY: valid handles; `axes` and `size` outlive the call.
+    check(unsafe {
+        mlx_sys::mlx_slice_dynamic(&mut out.0, a.0, at.0, axes.as_ptr(), 1, size.as_ptr(), size.len(), s.0)
+    })?;
+    Ok(out)
 }
 
 /// The number of elements of `a` over `axes` (the product of those dimensions), as a scalar

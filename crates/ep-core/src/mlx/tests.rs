@@ -227,3 +227,37 @@ fn a_graph_is_counted_by_its_primitives() {
     assert_eq!(size.fused, 0);
     assert!(size.by_name.contains(&("Add".to_owned(), 1)) && size.by_name.contains(&("Exp".to_owned(), 1)), "{dot}");
 }
+
+/// A fixed slice in a shapeless closure: a plain slice is refused on replay (MLX cannot
+/// re-derive its shape), the dynamic one of `slice_fixed` replays while another input grows.
+#[test]
+fn a_fixed_slice_replays_in_a_shapeless_closure() {
+    let _g = lock();
+    let s = cpu();
+    let replay = |fixed: bool| {
+        let closure = Closure::new(move |args: &[Array]| {
+            let s = Stream::cpu()?;
+            let part = if fixed {
+                ops::slice_fixed(&args[0], 1, 2, 1, &s)?
+            } else {
+                ops::slice(&args[0], &[0, 1], &[2, 3], &s)?
+            };
+            Ok(vec![part, ops::sum_axes(&args[1], &[0], false, &s)?])
+        });
+        let compiled = closure.compile(true).unwrap();
+        let x = Array::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], &[2, 4]).unwrap();
+        let mut last = Vec::new();
+        for n in [3, 5] {
+            let grow = Array::from_slice(&vec![1.0f32; n], &[n as i64]).unwrap();
+            last = compiled.apply(&[x.clone(), grow])?;
+        }
+        Ok::<_, crate::mlx::MlxError>(last)
+    };
+    assert!(replay(false).is_err(), "a plain slice replays shapeless");
+    let out = replay(true).unwrap();
+    assert_eq!(out[0].shape(), vec![2, 2]);
+    assert_eq!(out[0].to_vec::<f32>(&s).unwrap(), vec![1.0, 2.0, 5.0, 6.0]);
+    assert_eq!(out[1].to_vec::<f32>(&s).unwrap(), vec![5.0]);
+    let err = ops::slice_fixed(&Array::from_slice(&[1.0f32; 4], &[4]).unwrap(), 3, 2, 0, &s).unwrap_err();
+    assert!(err.0.contains("slice [3, 5)"), "{err}");
+}
