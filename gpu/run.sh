@@ -75,9 +75,12 @@ for s in "${sections[@]}"; do
         section "decoder $p, KV in the EP's memory"
         timed 240 "llm $p device" mlx-ep-run llm --preset "$p" --kv device --prompt 128 --steps 32 \
           --json "/tmp/mlx-gpu/json/llm-$p-device.json"
-        section "native MLX floor $p"
+        section "native MLX floor $p (eager, mlx-lm's way)"
         timed 120 "native $p" mlx-ep-bench native --preset "$p" --prompt 128 --steps 32 \
           --json "/tmp/mlx-gpu/json/native-$p.json"
+        section "native MLX floor $p (compiled shapeless step)"
+        timed 120 "native $p compiled" mlx-ep-bench native --preset "$p" --prompt 128 --steps 32 --mode compiled \
+          --json "/tmp/mlx-gpu/json/native-$p-compiled.json"
       done
       for p in qwen2.5-0.5b qwen2.5-0.5b-fp16; do
         section "decoder $p, growing KV"

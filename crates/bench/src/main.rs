@@ -1,12 +1,12 @@
-//! `mlx-ep-bench native --preset P [--prompt N] [--steps N] [--json PATH]`: greedy generation
-//! of a generated decoder written directly against MLX (the floor the EP is measured against).
+//! `mlx-ep-bench native --preset P [--prompt N] [--steps N] [--mode eager|compiled] [--json PATH]`:
+//! greedy generation of a generated decoder written directly against MLX (the floor the EP is
+//! measured against); `cargo xtask bench` checks its greedy tokens against ORT's CPU EP's.
 
-use mlx_ep_bench::native::NativeDecoder;
+use mlx_ep_bench::native::{Mode, NativeDecoder};
 use mlx_ep_host::decoder::{self, DecoderConfig, DecoderWeights};
 use std::process::ExitCode;
 
-const USAGE: &str =
-    "usage: mlx-ep-bench native [--preset tiny|small|qwen2.5-0.5b] [--prompt N] [--steps N] [--json PATH]";
+const USAGE: &str = "usage: mlx-ep-bench native [--preset tiny|small|qwen2.5-0.5b] [--prompt N] [--steps N] [--mode eager|compiled] [--json PATH]";
 
 fn main() -> ExitCode {
     match run() {
@@ -25,6 +25,7 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         return Err(USAGE.into());
     }
     let (mut preset, mut prompt_len, mut steps, mut json) = ("tiny".to_owned(), 16usize, 32usize, None);
+    let mut mode = Mode::Eager;
     let mut it = rest.iter();
     while let Some(a) = it.next() {
         let mut value = || it.next().ok_or(format!("{a} needs a value"));
@@ -33,23 +34,25 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             "--prompt" => prompt_len = value()?.parse()?,
             "--steps" => steps = value()?.parse()?,
             "--json" => json = Some(value()?.clone()),
+            "--mode" => mode = Mode::parse(value()?)?,
             _ => return Err(format!("unexpected argument `{a}`\n{USAGE}").into()),
         }
     }
     let cfg = DecoderConfig::preset(&preset)?;
-    let native = NativeDecoder::new(&cfg, &DecoderWeights::generate(&cfg, 1))?;
+    let native = NativeDecoder::new(&cfg, &DecoderWeights::generate(&cfg, 1), mode)?;
     let g = native.generate(&decoder::prompt(&cfg, prompt_len), steps)?;
     let traces = mlx_ep_bench::native::TRACES.load(std::sync::atomic::Ordering::Relaxed);
     println!(
-        "native MLX '{}': prefill {:.2} ms, decode {:.3} ms/token ({:.1} tokens/s); {traces} trace(s) of the decode step",
+        "native MLX '{}' ({}): prefill {:.2} ms, decode {:.3} ms/token ({:.1} tokens/s); {traces} trace(s) of the decode step",
         cfg.name,
+        mode.name(),
         g.prefill_ms,
         g.median_step_ms(),
         g.decode_tokens_per_s()
     );
     if let Some(path) = json {
         let v = serde_json::json!({
-            "preset": cfg.name, "prompt_len": prompt_len, "steps": steps,
+            "preset": cfg.name, "mode": mode.name(), "prompt_len": prompt_len, "steps": steps,
             "prefill_ms": g.prefill_ms, "decode_ms_per_token": g.median_step_ms(),
             "step_ms": g.step_ms, "tokens": g.tokens, "decode_traces": traces,
         });

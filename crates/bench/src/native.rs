@@ -1,8 +1,13 @@
 //! The generated decoders written directly against MLX through the project's MLX layer: the
-//! same weights (`DecoderWeights`) and the same computation as the ONNX graph (int4
-//! `quantized_matmul`, fused RMS norm, rotary, fused attention over a KV cache that grows by
-//! concatenation), compiled the way an MLX program would be (the decode step as one
-//! shapeless closure). What the EP adds on top of this is its own overhead.
+//! same weights (`DecoderWeights`) and the same computation as the ONNX graph, the floor the
+//! EP is measured against. Two forms:
+//! - [`Mode::Eager`] (the default), mlx-lm's way: each step built and evaluated eagerly, int4
+//!   `quantized_matmul`, MLX's fused RMS norm and rotary (the rotary periods are the tables'
+//!   own, `10000^(2i/H)`), a KV buffer grown 256 rows at a time and written in place, and
+//!   MLX's fused attention over the filled rows (causal for the prompt, no mask for a step).
+//! - [`Mode::Compiled`]: the decode step as one shapeless compiled closure over a KV cache
+//!   that grows by concatenation, with the tables' rotary and elementwise RMS norm (the form
+//!   MLX's CPU backend runs fastest).
 
 use ep_core::mlx::{Array, Closure, Dtype, Stream, ops};
 use ep_core::{Error, Result};
@@ -70,6 +75,8 @@ struct Model {
     lm_head: QWeight,
     cos: Array,
     sin: Array,
+    /// The rotary periods `10000^(2i/H)` for MLX's fused rotary (float32).
+    periods: Array,
 }
 
 impl Model {
@@ -134,18 +141,119 @@ impl Model {
     }
 }
 
+/// Rows the eager form's KV buffers grow by (mlx-lm's step).
+const KV_STEP: i64 = 256;
+
+impl Model {
+    /// One eager forward pass at positions `pos..pos + S` (`ids` `[1, S]` int32), writing
+    /// this step's K/V rows into `caches` (per layer K then V, `[1, kv_heads, capacity, H]`,
+    /// grown as needed). Returns the last position's logits `[1, vocab]`.
+    fn forward_eager(&self, ids: &Array, pos: i64, caches: &mut [Array], s: &Stream) -> Result<Array> {
+        let c = &self.cfg;
+        let seq = ids.shape()[1];
+        let (nq, nkv) = (c.heads * c.head, c.kv_heads * c.head);
+        let end = pos + seq;
+        let mut x = ops::take(&self.embed, ids, 0, s)?;
+        let eps = NORM_EPSILON;
+        let heads = |t: &Array, n: i64| -> Result<Array> {
+            if seq == 1 {
+                return Ok(ops::reshape(t, &[1, n, 1, c.head], s)?);
+            }
+            Ok(ops::transpose_axes(&ops::reshape(t, &[1, seq, n, c.head], s)?, &[0, 2, 1, 3], s)?)
+        };
+        let cut = |t: &Array, a: i64, b: i64| -> Result<Array> { Ok(ops::slice(t, &[0, 0, a], &[1, seq, b], s)?) };
+        for (i, l) in self.layers.iter().enumerate() {
+            let h = ops::rms_norm(&x, &l.input_norm, eps, s)?;
+            let qkv = l.qkv.apply(&h, s)?;
+            let q =
+                ops::rope(&heads(&cut(&qkv, 0, nq)?, c.heads)?, c.head as i32, false, &self.periods, pos as i32, s)?;
+            let k = ops::rope(
+                &heads(&cut(&qkv, nq, nq + nkv)?, c.kv_heads)?,
+                c.head as i32,
+                false,
+                &self.periods,
+                pos as i32,
+                s,
+            )?;
+            let v = heads(&cut(&qkv, nq + nkv, nq + 2 * nkv)?, c.kv_heads)?;
+            let mut filled = Vec::with_capacity(2);
+            for (slot, new) in [(2 * i, k), (2 * i + 1, v)] {
+                let cap = caches[slot].shape()[2];
+                if end > cap {
+                    let grow = (end - cap + KV_STEP - 1) / KV_STEP * KV_STEP;
+                    let zero = ops::scalar(0.0, new.dtype(), s)?;
+                    caches[slot] = ops::pad(&caches[slot], &[0, 0, 0, 0], &[0, 0, grow, 0], &zero, "constant", s)?;
+                }
+                let (kv, cap) = (c.kv_heads, caches[slot].shape()[2]);
+                caches[slot] = ops::slice_update(&caches[slot], &new, &[0, 0, pos, 0], &[1, kv, end, c.head], s)?;
+                filled.push(if end == cap {
+                    caches[slot].clone()
+                } else {
+                    ops::slice(&caches[slot], &[0, 0, 0, 0], &[1, kv, end, c.head], s)?
+                });
+            }
+            let scale = 1.0 / (c.head as f32).sqrt();
+            let a = ops::scaled_dot_product_attention(&q, &filled[0], &filled[1], scale, None, seq > 1, s)?;
+            let a = ops::astype(&a, q.dtype(), s)?;
+            let a = if seq == 1 {
+                ops::reshape(&a, &[1, 1, nq], s)?
+            } else {
+                ops::reshape(&ops::transpose_axes(&a, &[0, 2, 1, 3], s)?, &[1, seq, nq], s)?
+            };
+            x = ops::add(&x, &l.o.apply(&a, s)?, s)?;
+            let h = ops::rms_norm(&x, &l.post_norm, eps, s)?;
+            let g = l.gate.apply(&h, s)?;
+            let act = ops::multiply(&ops::multiply(&g, &ops::sigmoid(&g, s)?, s)?, &l.up.apply(&h, s)?, s)?;
+            x = ops::add(&x, &l.down.apply(&act, s)?, s)?;
+        }
+        let last = if seq == 1 { x } else { ops::slice(&x, &[0, seq - 1, 0], &[1, seq, c.hidden], s)? };
+        let logits = self.lm_head.apply(&ops::rms_norm(&last, &self.norm, eps, s)?, s)?;
+        Ok(ops::reshape(&logits, &[1, c.vocab], s)?)
+    }
+}
+
+/// How the native decoder runs (see the module's header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Eager,
+    Compiled,
+}
+
+impl Mode {
+    pub fn parse(v: &str) -> std::result::Result<Mode, String> {
+        match v {
+            "eager" => Ok(Mode::Eager),
+            "compiled" => Ok(Mode::Compiled),
+            other => Err(format!("unknown mode '{other}' (eager, compiled)")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Eager => "eager",
+            Mode::Compiled => "compiled",
+        }
+    }
+}
+
 /// Traces of native decode steps (one is expected: the closure is shapeless).
 pub static TRACES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// The native decoder: weights uploaded once, a compiled decode step.
+/// The periods of the decoder's rotary tables (theta 10000), as MLX's fused rotary takes them.
+fn periods(head: i64) -> Vec<f32> {
+    (0..head / 2).map(|i| 10000f64.powf((2 * i) as f64 / head as f64) as f32).collect()
+}
+
+/// The native decoder: weights uploaded once, and the decode step of its [`Mode`].
 pub struct NativeDecoder {
     model: Arc<Model>,
     decode: Closure,
     stream: Stream,
+    mode: Mode,
 }
 
 impl NativeDecoder {
-    pub fn new(cfg: &DecoderConfig, w: &DecoderWeights) -> Result<NativeDecoder> {
+    pub fn new(cfg: &DecoderConfig, w: &DecoderWeights, mode: Mode) -> Result<NativeDecoder> {
         let dt = if cfg.float16 { Dtype::F16 } else { Dtype::F32 };
         let layers = w
             .layers
@@ -170,6 +278,7 @@ impl NativeDecoder {
             lm_head: QWeight::new(&w.lm_head, dt)?,
             cos: floats(&w.cos, &[cfg.max_len, cfg.head / 2], dt)?,
             sin: floats(&w.sin, &[cfg.max_len, cfg.head / 2], dt)?,
+            periods: floats(&periods(cfg.head), &[cfg.head / 2], Dtype::F32)?,
         });
         let m = Arc::clone(&model);
         let decode = Closure::new(move |args: &[Array]| {
@@ -178,13 +287,16 @@ impl NativeDecoder {
             m.forward(args, &s).map_err(|e| ep_core::mlx::MlxError(e.0))
         })
         .compile(true)?;
-        Ok(NativeDecoder { model, decode, stream: Stream::default_device()? })
+        Ok(NativeDecoder { model, decode, stream: Stream::default_device()?, mode })
     }
 
     /// Greedy generation as [`mlx_ep_host::decoder::generate`] does it: a prefill of `prompt`,
     /// then `steps` one-token steps, the last logits copied to the host each step.
     pub fn generate(&self, prompt: &[i64], steps: usize) -> Result<Generation> {
         let _g = ep_core::mlx::lock();
+        if self.mode == Mode::Eager {
+            return self.generate_eager(prompt, steps);
+        }
         let c = &self.model.cfg;
         let s = &self.stream;
         let dt = if c.float16 { Dtype::F16 } else { Dtype::F32 };
@@ -209,6 +321,38 @@ impl NativeDecoder {
             let ms = started.elapsed().as_secs_f64() * 1000.0;
             caches = results[1..].to_vec();
             pos += ids.len() as i32;
+            ids = vec![out.record(step, ms, logits, None) as i32];
+        }
+        if out.tokens.is_empty() {
+            return Err(Error::new("no steps ran"));
+        }
+        Ok(out)
+    }
+
+    /// [`Self::generate`] in [`Mode::Eager`]: each step built, evaluated and its logits read.
+    fn generate_eager(&self, prompt: &[i64], steps: usize) -> Result<Generation> {
+        let c = &self.model.cfg;
+        let s = &self.stream;
+        let dt = if c.float16 { Dtype::F16 } else { Dtype::F32 };
+        let mut caches: Vec<Array> =
+            (0..2 * c.layers).map(|_| floats(&[], &[1, c.kv_heads, 0, c.head], dt)).collect::<Result<_>>()?;
+        let mut out = Generation::default();
+        let mut ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+        let mut pos = 0i64;
+        for step in 0..=steps {
+            let started = Instant::now();
+            let logits =
+                self.model.forward_eager(&Array::from_slice(&ids, &[1, ids.len() as i64])?, pos, &mut caches, s)?;
+            let mut all = vec![logits.clone()];
+            all.extend(caches.iter().cloned());
+            ep_core::mlx::VectorArray::from_arrays(&all)?.eval()?;
+            let logits = if c.float16 {
+                logits.to_vec::<half::f16>(s)?.iter().map(|x| x.to_f32()).collect()
+            } else {
+                logits.to_vec::<f32>(s)?
+            };
+            let ms = started.elapsed().as_secs_f64() * 1000.0;
+            pos += ids.len() as i64;
             ids = vec![out.record(step, ms, logits, None) as i32];
         }
         if out.tokens.is_empty() {
