@@ -654,6 +654,9 @@ def per_op_draw_cases():
         "Attention[query without heads]": case(
             "Attention", [("q", F, [2, None, 1, 3]), ("k", F, [2, 2, 1, 3]), ("v", F, [2, 2, 1, 3])],
             {"q": rand(2, 0, 1, 3), "k": rand(2, 2, 1, 3), "v": rand(2, 2, 1, 3)}, n_out=3, opset=23),
+        "ConvTranspose[bias for channels the weight lacks]": case(
+            "ConvTranspose", [("x", F, [2, 4, 3]), ("w", F, [4, None, 1]), ("b", F, [4])],
+            {"x": rand(2, 4, 3), "w": rand(4, 0, 1), "b": rand(4)}, opset=11, group=2, dilations=[2]),
         "QLinearConv[empty axis the pads fill]": case(
             "QLinearConv",
             [("x", I8, [2, 4, None, 4]), ("xs", F, []), ("xz", I8, []), ("w", I8, [2, 2, 2, 2]), ("ws", F, []),

@@ -217,6 +217,7 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
             bail!("the output size {} of spatial axis {i} implies an input of {implied}, not {}", out[i], xs[2 + i]);
         }
     }
+    check_bias(ctx.optional_input(2), ws[1] * groups)?;
     if xs.contains(&0) || ws.contains(&0) {
         // Nothing to convolve: the bias alone (zeros without one), as on the CPU EP.
         let shape = [vec![xs[0], ws[1] * groups], out].concat();
