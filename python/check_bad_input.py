@@ -657,6 +657,14 @@ def per_op_draw_cases():
         "ConvTranspose[bias for channels the weight lacks]": case(
             "ConvTranspose", [("x", F, [2, 4, 3]), ("w", F, [4, None, 1]), ("b", F, [4])],
             {"x": rand(2, 4, 3), "w": rand(4, 0, 1), "b": rand(4)}, opset=11, group=2, dilations=[2]),
+        "QuantizeLinear[float16 infinity, negative zero point]": case(
+            "QuantizeLinear", [("x", H, [1, 4]), ("s", H, []), ("z", I8, [])],
+            {"x": np.array([[np.inf, -np.inf, np.nan, 3.0]], np.float16), "s": np.array(1.75, np.float16),
+             "z": i8(-43)}, opset=19, axis=1),
+        "MaxPool[float32 NaN over one axis]": case(
+            "MaxPool", [("x", F, [1, 2, 6])],
+            {"x": f(1.0, np.nan, 2.0, np.nan, np.nan, np.nan, 0.5, 3.0, np.nan, -1.0, 2.0, 1.0).reshape(1, 2, 6)},
+            opset=13, kernel_shape=[3], pads=[1, 1]),
         "QLinearConv[empty axis the pads fill]": case(
             "QLinearConv",
             [("x", I8, [2, 4, None, 4]), ("xs", F, []), ("xz", I8, []), ("w", I8, [2, 2, 2, 2]), ("ws", F, []),

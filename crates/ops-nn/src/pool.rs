@@ -85,11 +85,14 @@ fn pool(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Array
     let t = x.dtype();
     let work = if t == Dtype::F32 { x.clone() } else { ops::astype(x, Dtype::F32, s)? };
     let y = match kind {
-        Kind::Max if t == Dtype::F32 => ops::max_axes(&windows(&work, &w, f64::NEG_INFINITY, s)?, &axes, false, s)?,
+        Kind::Max if t == Dtype::F32 && k > 1 => {
+            ops::max_axes(&windows(&work, &w, f64::NEG_INFINITY, s)?, &axes, false, s)?
+        }
         Kind::Max => {
-            // As ORT's CPU kernel for half types: NaN passed over, and the float32's lowest
-            // value as the start (a window of NaN or -inf only gives it, -inf once rounded).
-            // (Its float32 kernel is vectorized; there NaN propagates, as in MLX.)
+            // As ORT's CPU kernel for half types and over one axis: NaN passed over, and
+            // float32's lowest value as the start (a window of NaN or -inf only gives it, -inf
+            // once rounded). (Over more axes its float32 NaN answers depend on where the NaN
+            // falls; MLX propagates NaN there.)
             let skipped =
                 ops::where_(&ops::isnan(&work, s)?, &ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?, &work, s)?;
             let m = ops::max_axes(&windows(&skipped, &w, f64::NEG_INFINITY, s)?, &axes, false, s)?;

@@ -173,14 +173,28 @@ fn quantize_from(
     half: bool,
     s: &Stream,
 ) -> Result<Array> {
-    let mut q = ops::round(&ops::divide(x, scale, s)?, s)?;
-    if let Some(zp) = zp {
-        q = ops::add(&q, zp, s)?;
-    }
-    let lowest = ops::scalar(lo, Dtype::F32, s)?;
-    let bad = if half { ops::logical_or(&ops::isnan(&q, s)?, &ops::isinf(&q, s)?, s)? } else { ops::isnan(&q, s)? };
-    let q = ops::clip(&q, Some(&lowest), Some(&ops::scalar(hi, Dtype::F32, s)?), s)?;
-    Ok(ops::astype(&ops::where_(&bad, &lowest, &q, s)?, t, s)?)
+    let rounded = ops::round(&ops::divide(x, scale, s)?, s)?;
+    let q = match zp {
+        Some(zp) => ops::add(&rounded, zp, s)?,
+        None => rounded.clone(),
+    };
+    let (lowest, highest) = (ops::scalar(lo, Dtype::F32, s)?, ops::scalar(hi, Dtype::F32, s)?);
+    // ORT's CPU EP: float32 NaN is the lowest value (infinities saturate). Its half-type path
+    // converts `x / scale` to int32 before adding the zero point, so NaN, infinities and
+    // quotients past 2^31 become INT_MIN, and INT_MIN plus a negative zero point wraps to the
+    // top: the highest value then, the lowest otherwise.
+    let (bad, wrapped) = if half {
+        let inside = ops::less(&ops::abs(&rounded, s)?, &ops::scalar(2147483648.0, Dtype::F32, s)?, s)?;
+        let wrapped = match zp {
+            Some(zp) => ops::where_(&ops::less(zp, &ops::scalar(0.0, Dtype::F32, s)?, s)?, &highest, &lowest, s)?,
+            None => lowest.clone(),
+        };
+        (ops::logical_not(&inside, s)?, wrapped)
+    } else {
+        (ops::isnan(&q, s)?, lowest.clone())
+    };
+    let q = ops::clip(&q, Some(&lowest), Some(&highest), s)?;
+    Ok(ops::astype(&ops::where_(&bad, &wrapped, &q, s)?, t, s)?)
 }
 
 fn claim_quantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
