@@ -665,6 +665,11 @@ def per_op_draw_cases():
             "MaxPool", [("x", F, [1, 2, 6])],
             {"x": f(1.0, np.nan, 2.0, np.nan, np.nan, np.nan, 0.5, 3.0, np.nan, -1.0, 2.0, 1.0).reshape(1, 2, 6)},
             opset=13, kernel_shape=[3], pads=[1, 1]),
+        "ConvTranspose[NaN and infinite weights]": case(
+            "ConvTranspose", [("x", F, [2, 4, 3]), ("w", F, [4, 1, 2])],
+            {"x": f(0.0, 1.0, -2.0, 0.5, 1.0, 0.0, -1.0, 2.0, 3.0, 1.0, -1.0, 0.0, 1.0, 2.0, 0.0, -3.0, 0.5, 1.5, 0.0, 2.0,
+                    -1.0, 1.0, 1.0, 0.25).reshape(2, 4, 3),
+             "w": f(1.0, -1.0, np.nan, 0.5, np.inf, 2.0, -np.inf, 1.0).reshape(4, 1, 2)}, opset=17, group=2),
         "QLinearConv[empty axis the pads fill]": case(
             "QLinearConv",
             [("x", I8, [2, 4, None, 4]), ("xs", F, []), ("xz", I8, []), ("w", I8, [2, 2, 2, 2]), ("ws", F, []),

@@ -5,7 +5,7 @@
 
 use crate::window::{Window, empty_conv, windows};
 use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs};
-use ep_core::mlx::{Array, ops};
+use ep_core::mlx::{Array, Dtype, ops};
 use ep_core::{CompileSafety, Decline, LowerCtx, NodeInfo, Result, bail};
 
 fn claim_conv(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -51,6 +51,41 @@ pub(crate) fn check_bias(b: Option<&Array>, m: i64) -> Result<()> {
         bail!("the bias {:?} must be a 1-D tensor of the {m} output channels", b.shape());
     }
     Ok(())
+}
+
+/// `conv(input, weight)` as ORT's CPU EP sums it when `weight` may hold NaN or infinities:
+/// the finite part convolved as usual, and where a non-finite weight meets an input (counted
+/// by convolving 0/1 indicators, which the inserted zeros leave alone), the product's
+/// infinity, or NaN for `inf * 0`, a NaN weight, or infinities of both signs.
+fn nonfinite_weights(
+    input: &Array,
+    weight: &Array,
+    conv: &dyn Fn(&Array, &Array) -> Result<Array>,
+    s: &ep_core::mlx::Stream,
+) -> Result<Array> {
+    let dt = input.dtype();
+    let scalar = |v: f64| ops::scalar(v, dt, s);
+    let zero = scalar(0.0)?;
+    let is = |c: Array| -> Result<Array> { Ok(ops::astype(&c, dt, s)?) };
+    let bad = ops::logical_or(&ops::isnan(weight, s)?, &ops::isinf(weight, s)?, s)?;
+    let wf = ops::where_(&bad, &zero, weight, s)?;
+    let y = conv(input, &wf)?;
+    let (inf, ninf) = (scalar(f64::INFINITY)?, scalar(f64::NEG_INFINITY)?);
+    let (wp, wn) = (is(ops::equal(weight, &inf, s)?)?, is(ops::equal(weight, &ninf, s)?)?);
+    let wq = is(ops::isnan(weight, s)?)?;
+    let (xp, xn) = (is(ops::greater(input, &zero, s)?)?, is(ops::less(input, &zero, s)?)?);
+    let xz = is(ops::equal(input, &zero, s)?)?;
+    let ones = ops::full(&input.shape(), &scalar(1.0)?, dt, s)?;
+    let half = scalar(0.5)?;
+    let meets = |a: &Array, b: &Array| -> Result<Array> { Ok(ops::greater(&conv(a, b)?, &half, s)?) };
+    let pos = ops::logical_or(&meets(&xp, &wp)?, &meets(&xn, &wn)?, s)?;
+    let neg = ops::logical_or(&meets(&xn, &wp)?, &meets(&xp, &wn)?, s)?;
+    let nan = [meets(&xz, &ops::add(&wp, &wn, s)?)?, meets(&ones, &wq)?, ops::logical_and(&pos, &neg, s)?]
+        .into_iter()
+        .try_fold(ops::isnan(&y, s)?, |acc, b| ops::logical_or(&acc, &b, s))?;
+    let y = ops::where_(&neg, &ninf, &y, s)?;
+    let y = ops::where_(&pos, &inf, &y, s)?;
+    Ok(ops::where_(&nan, &scalar(f64::NAN)?, &y, s)?)
 }
 
 /// `[0, 2, 3, ..., 1]`: channels-first to channels-last.
@@ -251,16 +286,31 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
     let ones = vec![1; k];
     let deconv =
         |x: &Array, w: &Array| ops::conv_general(x, w, &ones, &pad_lo, &pad_hi, &dilations, &strides, 1, true, s);
-    let y = if groups > 1 {
-        // Per group (MLX 0.32.2's grouped CPU convolution is not used).
-        let (cg, mg) = (xs[1] / groups, ws[1]);
-        let xparts = ops::split_at(&input, &(1..groups).map(|i| i * cg).collect::<Vec<_>>(), r as i32 - 1, s)?;
-        let wparts = ops::split_at(&weight, &(1..groups).map(|i| i * mg).collect::<Vec<_>>(), 0, s)?;
-        let ys = xparts.iter().zip(&wparts).map(|(x, w)| deconv(x, w)).collect::<std::result::Result<Vec<_>, _>>()?;
-        ops::concatenate(&ys, r as i32 - 1, s)?
-    } else {
-        deconv(&input, &weight)?
+    let conv = |input: &Array, weight: &Array| -> Result<Array> {
+        Ok(if groups > 1 {
+            // Per group (MLX 0.32.2's grouped CPU convolution is not used).
+            let (cg, mg) = (xs[1] / groups, ws[1]);
+            let xparts = ops::split_at(input, &(1..groups).map(|i| i * cg).collect::<Vec<_>>(), r as i32 - 1, s)?;
+            let wparts = ops::split_at(weight, &(1..groups).map(|i| i * mg).collect::<Vec<_>>(), 0, s)?;
+            let ys =
+                xparts.iter().zip(&wparts).map(|(x, w)| deconv(x, w)).collect::<std::result::Result<Vec<_>, _>>()?;
+            ops::concatenate(&ys, r as i32 - 1, s)?
+        } else {
+            deconv(input, weight)?
+        })
     };
+    // MLX convolves over the zeros it inserts between and around the inputs, where ORT's CPU EP
+    // only adds each input's products into the outputs it reaches: the same sums while the
+    // weight is finite, but a NaN or infinite weight times an inserted zero would be NaN. A
+    // constant weight is checked once; otherwise the non-finite products are counted apart.
+    let finite = ctx.is_constant(1) && {
+        let flag = ctx.derived(1, "conv-transpose-weight finite", |w, s| {
+            let all = ops::astype(w, Dtype::F32, s)?.to_vec::<f32>(s)?.iter().all(|v| v.is_finite());
+            Ok(Array::from_slice(&[all as u8], &[1])?)
+        })?;
+        flag.host_bytes().is_some_and(|b| b == [1])
+    };
+    let y = if finite { conv(&input, &weight)? } else { nonfinite_weights(&input, &weight, &conv, s)? };
     // Crop the pads: [lo, full - hi) on every spatial axis (channels-last); negative pads add
     // zeros (outputs no input reaches).
     let ys = y.shape();
