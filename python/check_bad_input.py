@@ -670,6 +670,14 @@ def per_op_draw_cases():
             {"x": f(0.0, 1.0, -2.0, 0.5, 1.0, 0.0, -1.0, 2.0, 3.0, 1.0, -1.0, 0.0, 1.0, 2.0, 0.0, -3.0, 0.5, 1.5, 0.0, 2.0,
                     -1.0, 1.0, 1.0, 0.25).reshape(2, 4, 3),
              "w": f(1.0, -1.0, np.nan, 0.5, np.inf, 2.0, -np.inf, 1.0).reshape(4, 1, 2)}, opset=17, group=2),
+        "AveragePool[kernel past the input, ceil_mode]": case(
+            "AveragePool", [("x", F, [1, 2, 5])], {"x": rand(1, 2, 5)}, opset=12, kernel_shape=[8], strides=[2],
+            pads=[0, 0], ceil_mode=1),
+        "MaxPool[one window past the input's end]": case(
+            "MaxPool", [("x", F, [1, 2, 5])], {"x": rand(1, 2, 5)}, opset=12, kernel_shape=[6], strides=[2], pads=[0, 0]),
+        "AveragePool[window past the end, pads counted]": case(
+            "AveragePool", [("x", F, [1, 2, 5])], {"x": rand(1, 2, 5)}, opset=19, kernel_shape=[8], strides=[3],
+            pads=[1, 1], count_include_pad=1),
         "QLinearConv[empty axis the pads fill]": case(
             "QLinearConv",
             [("x", I8, [2, 4, None, 4]), ("xs", F, []), ("xz", I8, []), ("w", I8, [2, 2, 2, 2]), ("ws", F, []),

@@ -77,10 +77,14 @@ fn pool(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Array
     let k = shape.len() - 2;
     let kernel = node.attr_ints("kernel_shape")?.ok_or("kernel_shape is required")?.to_vec();
     let ceil = node.attr_int("ceil_mode", 0)? == 1;
-    if let Some(out) = empty_pool(&shape, || Ok(Window::of(node, &shape[2..], kernel.clone(), ceil)?.out))? {
+    if let Some(out) = empty_pool(&shape, || Ok(Window::of_pool(node, &shape[2..], kernel.clone(), ceil)?.out))? {
         return Ok(vec![ops::full(&out, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?]);
     }
-    let w = Window::of(node, &shape[2..], kernel, ceil)?;
+    let w = Window::of_pool(node, &shape[2..], kernel, ceil)?;
+    if w.out.contains(&0) {
+        let out = [shape[..2].to_vec(), w.out.clone()].concat();
+        return Ok(vec![ops::full(&out, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?]);
+    }
     let axes: Vec<i32> = (0..k as i32).map(|i| 3 + 2 * i).collect();
     let t = x.dtype();
     let work = if t == Dtype::F32 { x.clone() } else { ops::astype(x, Dtype::F32, s)? };

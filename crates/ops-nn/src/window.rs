@@ -40,6 +40,16 @@ pub fn claim_same_pad_dilation(node: &NodeInfo) -> std::result::Result<(), Decli
 impl Window {
     /// The geometry for `spatial` input dims and `kernel` (from the weight or `kernel_shape`).
     pub fn of(node: &NodeInfo, spatial: &[i64], kernel: Vec<i64>, ceil_mode: bool) -> Result<Window> {
+        Window::sized(node, spatial, kernel, ceil_mode, false)
+    }
+
+    /// [`Window::of`] for a pool: explicit pads that leave no whole window give an axis of no
+    /// outputs (ORT's CPU EP answers an empty result there; only a negative size is an error).
+    pub fn of_pool(node: &NodeInfo, spatial: &[i64], kernel: Vec<i64>, ceil_mode: bool) -> Result<Window> {
+        Window::sized(node, spatial, kernel, ceil_mode, true)
+    }
+
+    fn sized(node: &NodeInfo, spatial: &[i64], kernel: Vec<i64>, ceil_mode: bool, empty_ok: bool) -> Result<Window> {
         let n = spatial.len();
         if kernel.len() != n {
             bail!("kernel of rank {} for {n} spatial axes", kernel.len());
@@ -77,7 +87,17 @@ impl Window {
                     (pad_lo[i], pad_hi[i]) = (pads[i], pads[i + n]);
                     let (lo, hi) = (pads[i] as i128, pads[i + n] as i128);
                     let span = x + lo + hi - eff;
-                    let mut o = if ceil_mode { (span + st - 1).div_euclid(st) + 1 } else { span.div_euclid(st) + 1 };
+                    // A pool as ORT's CPU EP sizes it: `span / stride` rounded up, or toward
+                    // zero, plus one (so a span short of a window by less than a stride still
+                    // gives one window, over what input there is, and by less than two strides
+                    // none). A convolution never runs short of a window.
+                    let mut o = if ceil_mode {
+                        (span + st - 1).div_euclid(st) + 1
+                    } else if empty_ok {
+                        span / st + 1
+                    } else {
+                        span.div_euclid(st) + 1
+                    };
                     // A last window that starts inside the end padding only is dropped.
                     if ceil_mode && (o - 1) * st >= x + lo {
                         o -= 1;
@@ -86,6 +106,9 @@ impl Window {
                 }
                 other => bail!("auto_pad '{other}' is not supported"),
             };
+            if o == 0 && empty_ok && auto == "NOTSET" {
+                continue;
+            }
             if o < 1 || (auto == "VALID" && x < eff) {
                 bail!("the window does not fit the input on spatial axis {i}");
             }

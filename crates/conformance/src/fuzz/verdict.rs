@@ -199,11 +199,22 @@ pub const CPU_ANSWER_WRONG: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// Answers where ORT's CPU EP refuses input that ONNX's definition and its reference
+/// implementation accept: `(op, text of the CPU EP's error, why)`; counted as *lenient*. The
+/// only answers to a CPU EP error that are excused.
+pub const ONNX_WHERE_CPU_REFUSES: &[(&str, &str, &str)] = &[(
+    "Attention",
+    "inconsistent total_sequence_length (between attn_mask",
+    "a mask shorter than the keys: ONNX's reference implementation pads it with -inf (False), and so \
+     does the MLX EP; ORT 1.31's CPU EP refuses it",
+)];
+
 /// Turns a spurious error into [`Class::Lenient`] where [`CPU_LENIENT`] says the CPU EP is the
-/// lenient one for this op and mutation, and a different answer where [`ONNX_OVER_CPU`] says
-/// the MLX EP follows ONNX there.
+/// lenient one for this op and mutation, a different answer where [`ONNX_OVER_CPU`] says the
+/// MLX EP follows ONNX there or [`CPU_ANSWER_WRONG`] shows the CPU EP wrong, and an answer to
+/// a CPU EP error only where [`ONNX_WHERE_CPU_REFUSES`] names that error.
 pub fn excuse(v: Verdict, op: &str, mutation: &str, attributes: &[(String, conformance_spec::Attr)]) -> Verdict {
-    // Only different values: an answer where the CPU EP raises is never excused.
+    // Different values only.
     if v.class == Class::Wrong && v.reason.contains(" vs CPU ") {
         let given = |name: &str, value: &str| {
             attributes.iter().any(|(n, a)| n == name && matches!(a, conformance_spec::Attr::Str(s) if s == value))
@@ -211,6 +222,12 @@ pub fn excuse(v: Verdict, op: &str, mutation: &str, attributes: &[(String, confo
         if let Some((.., why)) = ONNX_OVER_CPU.iter().find(|(o, name, value, _)| *o == op && given(name, value)) {
             return Verdict::new(Class::Lenient, format!("{why}; MLX: {}", v.reason));
         }
+    }
+    if v.class == Class::Wrong
+        && v.reason.contains("where the CPU EP raised")
+        && let Some((.., why)) = ONNX_WHERE_CPU_REFUSES.iter().find(|(o, text, _)| *o == op && v.reason.contains(text))
+    {
+        return Verdict::new(Class::Lenient, format!("{why}; MLX: {}", v.reason));
     }
     // A different answer (never one where the CPU EP raised) the CPU EP is known to get wrong.
     if v.class == Class::Wrong
@@ -423,7 +440,15 @@ mod tests {
         assert_eq!(excuse(differs.clone(), "Unique", "size-0-dim", &[]).class, Class::Wrong);
         assert_eq!(excuse(differs, "ReduceMax", "nan-inf", &[]).class, Class::Wrong);
         let raised = Verdict::new(Class::Wrong, "run 1 (on MLX): MLX answered y[5] where the CPU EP raised: bad");
-        assert_eq!(excuse(raised, "Unique", "nan-inf", &[]).class, Class::Wrong);
+        assert_eq!(excuse(raised.clone(), "Unique", "nan-inf", &[]).class, Class::Wrong);
+        assert_eq!(excuse(raised, "Attention", "size-0-dim", &[]).class, Class::Wrong);
+        let short_mask = Verdict::new(
+            Class::Wrong,
+            "run 1 (on MLX): MLX answered y[2, 1, 16] where the CPU EP raised: attn_mask == nullptr || ... was \
+             false. inconsistent total_sequence_length (between attn_mask and past_key and past_value)",
+        );
+        assert_eq!(excuse(short_mask.clone(), "Attention", "size-0-dim", &[]).class, Class::Lenient);
+        assert_eq!(excuse(short_mask, "GroupQueryAttention", "size-0-dim", &[]).class, Class::Wrong);
     }
 
     #[test]
