@@ -678,6 +678,10 @@ def per_op_draw_cases():
         "AveragePool[window past the end, pads counted]": case(
             "AveragePool", [("x", F, [1, 2, 5])], {"x": rand(1, 2, 5)}, opset=19, kernel_shape=[8], strides=[3],
             pads=[1, 1], count_include_pad=1),
+        "Attention[mask of no batch entries]": case(
+            "Attention", [("q", F, [1, 3, 12]), ("k", F, [1, 3, 6]), ("v", F, [1, 3, 6]), ("m", F, [None, 1, 3, 3])],
+            {"q": rand(1, 3, 12), "k": rand(1, 3, 6), "v": rand(1, 3, 6), "m": rand(0, 1, 3, 3)}, n_out=1, opset=23,
+            q_num_heads=4, kv_num_heads=2),
         "QLinearConv[empty axis the pads fill]": case(
             "QLinearConv",
             [("x", I8, [2, 4, None, 4]), ("xs", F, []), ("xz", I8, []), ("w", I8, [2, 2, 2, 2]), ("ws", F, []),

@@ -97,8 +97,20 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
         if !(2..=4).contains(&mask.ndim()) {
             ep_core::bail!("attn_mask has rank {}: it must have 2 to 4 dimensions", mask.ndim());
         }
+        // Each mask dim, aligned to [batch, q_heads, q_len, keys] from the right, is 1 or
+        // that dim, as ORT's CPU EP requires; the keys' may also be shorter (padded below).
+        let target = [batch, q_heads, q_len, total];
+        let ms = mask.shape();
+        let fits = ms
+            .iter()
+            .rev()
+            .zip(target.iter().rev())
+            .enumerate()
+            .all(|(i, (&d, &t))| d == 1 || d == t || (i == 0 && (1..t).contains(&d)));
+        if !fits {
+            ep_core::bail!("attn_mask {ms:?} does not broadcast to {target:?} (batch, heads, queries, keys)");
+        }
         let mut m = if mask.dtype() == Dtype::Bool { ops::where_(mask, &zero, &neg_inf, s)? } else { f32(mask)? };
-        let ms = m.shape();
         let last = *ms.last().unwrap_or(&total);
         if last < total {
             let lo = vec![0i64; ms.len()];
