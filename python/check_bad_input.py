@@ -682,6 +682,31 @@ def per_op_draw_cases():
             "Attention", [("q", F, [1, 3, 12]), ("k", F, [1, 3, 6]), ("v", F, [1, 3, 6]), ("m", F, [None, 1, 3, 3])],
             {"q": rand(1, 3, 12), "k": rand(1, 3, 6), "v": rand(1, 3, 6), "m": rand(0, 1, 3, 3)}, n_out=1, opset=23,
             q_num_heads=4, kv_num_heads=2),
+        "Gemm[C broadcast the other way]": case(
+            "Gemm", [("a", F, [5, 1]), ("b", F, [1, 5]), ("c", F, [None])], {"a": rand(5, 1), "b": rand(1, 5), "c": rand(2)},
+            transA=1, transB=1, beta=0.5),
+        "LRN[alpha 0]": case("LRN", [("x", F, [2, 5, 1, 3])], {"x": rand(2, 5, 1, 3)}, opset=13, size=3, alpha=0.0),
+        "RotaryEmbedding[partial without rotary_embedding_dim]": case(
+            "RotaryEmbedding", [("x", F, [2, 4, 32]), ("c", F, [2, 4, 4]), ("s", F, [2, 4, 4])],
+            {"x": rand(2, 4, 32), "c": rand(2, 4, 4), "s": rand(2, 4, 4)}, opset=23, num_heads=2, interleaved=1),
+        "Sign[float16 NaN]": case("Sign", [("x", H, [4])], {"x": np.array([np.nan, -2, 0, 3], np.float16)}, opset=16),
+        "Normalizer[MAX of -inf]": case(
+            "Normalizer", [("x", F, [2, 3])], {"x": f(-np.inf, -np.inf, -np.inf, np.nan, 1.0, 2.0).reshape(2, 3)},
+            domain="ai.onnx.ml", norm="MAX"),
+        "Attention[value of no heads]": case(
+            "Attention", [("q", F, [1, 2, 4, 4]), ("k", F, [1, 1, 4, 4]), ("v", F, [1, None, 4, 4])],
+            {"q": rand(1, 2, 4, 4), "k": rand(1, 1, 4, 4), "v": rand(1, 0, 4, 4)}, n_out=1, opset=23),
+        "Conv[auto_pad empty]": case(
+            "Conv", [("x", F, [1, 3, 5]), ("w", F, [2, 3, 3])], {"x": rand(1, 3, 5), "w": rand(2, 3, 3)}, auto_pad="",
+            kernel_shape=[3]),
+        "Pad[crop meeting the padding]": case(
+            "Pad", [("x", F, [3, 3, 3]), ("p", I64, [6])],
+            {"x": rand(3, 3, 3), "p": np.array([-4, 0, 2, 1, -1, 2], np.int64)}, opset=18),
+        "MatMul[empty batch of a]": case(
+            "MatMul", [("a", F, [None, 2, 5]), ("b", F, [1, 5, 4])], {"a": rand(0, 2, 5), "b": rand(1, 5, 4)}),
+        "ConvTranspose[dilation 2^31 on a one-tap axis]": case(
+            "ConvTranspose", [("x", F, [1, 2, 3, 4]), ("w", F, [2, 1, 1, 2])], {"x": rand(1, 2, 3, 4), "w": rand(2, 1, 1, 2)},
+            opset=11, group=2, dilations=[1 << 31, 2]),
         "QLinearConv[empty axis the pads fill]": case(
             "QLinearConv",
             [("x", I8, [2, 4, None, 4]), ("xs", F, []), ("xz", I8, []), ("w", I8, [2, 2, 2, 2]), ("ws", F, []),

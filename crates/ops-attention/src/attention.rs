@@ -69,6 +69,10 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
     {
         bail!("the mask {:?} must have rank 2, 3 or 4", m.shape());
     }
+    let vs = v.shape();
+    if vs[1] != kv_heads || vs[2] != total {
+        bail!("value {vs:?} must hold the key's {kv_heads} heads of {total} positions (key {ks:?})");
+    }
     if q_heads % kv_heads != 0 {
         bail!("{q_heads} query heads are not a multiple of {kv_heads} key/value heads");
     }

@@ -72,8 +72,11 @@ fn relu(x: &Array, s: &Stream) -> MlxResult<Array> {
 }
 
 /// `sign(x)`, with NaN kept NaN (MLX's sign gives 0 for NaN).
+/// NaN stays NaN, except in float16, where ORT's CPU EP answers 0 (its half-type kernel
+/// compares with zero).
 fn sign(x: &Array, s: &Stream) -> MlxResult<Array> {
-    ops::where_(&ops::isnan(x, s)?, x, &ops::sign(x, s)?, s)
+    let nan_to = if x.dtype() == ep_core::mlx::Dtype::F16 { ops::scalar(0.0, x.dtype(), s)? } else { x.clone() };
+    ops::where_(&ops::isnan(x, s)?, &nan_to, &ops::sign(x, s)?, s)
 }
 
 ep_core::register_lowering!(RELU = Unary { op: "Relu", since: 6, f: relu, types: FLOATS });

@@ -111,7 +111,11 @@ fn lower_normalizer(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
     }
     let axes = [-1];
     let by = match norm(node).map_err(|d| ep_core::Error::new(d.0))? {
-        "MAX" => ops::max_axes(&x, &axes, true, s)?,
+        // As ORT's CPU EP: a running max from float32's lowest value that passes NaN over.
+        "MAX" => {
+            let skipped = ops::where_(&ops::isnan(&x, s)?, &ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?, &x, s)?;
+            ops::maximum(&ops::max_axes(&skipped, &axes, true, s)?, &ops::scalar(f32::MIN as f64, Dtype::F32, s)?, s)?
+        }
         "L1" => ops::sum_axes(&ops::abs(&x, s)?, &axes, true, s)?,
         _ => ops::sqrt(&ops::sum_axes(&ops::square(&x, s)?, &axes, true, s)?, s)?,
     };

@@ -196,7 +196,7 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
     let ints = |name: &str, default: i64| -> Result<Vec<i64>> {
         Ok(node.attr_ints(name)?.map(<[i64]>::to_vec).unwrap_or_else(|| vec![default; k]))
     };
-    let (strides, dilations, out_pad) = (ints("strides", 1)?, ints("dilations", 1)?, ints("output_padding", 0)?);
+    let (strides, mut dilations, out_pad) = (ints("strides", 1)?, ints("dilations", 1)?, ints("output_padding", 0)?);
     if [&strides, &dilations, &out_pad].iter().any(|v| v.len() != k)
         || strides.iter().chain(&dilations).chain(&kernel).any(|&v| v < 1)
     {
@@ -204,10 +204,17 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
             "kernel {kernel:?}, strides {strides:?}, dilations {dilations:?}, output_padding {out_pad:?}: not positive or not {k} values"
         );
     }
+    // A kernel of one tap along an axis has no use for its dilation (which MLX's 32-bit sizes
+    // may not hold while ORT's CPU EP takes it).
+    for (d, &kk) in dilations.iter_mut().zip(&kernel) {
+        if kk == 1 {
+            *d = 1;
+        }
+    }
     let full: Vec<i64> =
         (0..k).map(|i| (xs[2 + i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 + out_pad[i]).collect();
     let auto = match node.attr("auto_pad") {
-        Some(ep_core::AttrValue::String(a)) => a.clone(),
+        Some(ep_core::AttrValue::String(a)) if !a.is_empty() => a.clone(),
         _ => "NOTSET".into(),
     };
     let (mut lo, mut hi) = (vec![0i64; k], vec![0i64; k]);

@@ -27,6 +27,13 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
             return Err(Decline(format!("{name}={v} is not finite")));
         }
     }
+    // ORT's kernel refuses these when the session is created: left to it.
+    for (name, default) in [("alpha", 1e-4), ("beta", 0.75)] {
+        let v = node.attr_float(name, default)?;
+        if v <= 0.0 {
+            return Err(Decline(format!("{name}={v} is not positive")));
+        }
+    }
     Ok(())
 }
 

@@ -7,8 +7,8 @@ use ep_core::mlx::{Array, ops};
 use ep_core::{CompileSafety, Decline, LowerCtx, Lowering, NodeInfo, Result, bail};
 use std::ops::RangeInclusive;
 
-/// The batch broadcasting of ORT's CPU EP, which is NumPy's without stretching a 1 to a 0
-/// (`[1, 3, 2] @ [0, 2, 4]` is refused); with a 1-D `b`, `a`'s rows count as a batch axis, and
+/// The batch broadcasting of ORT's CPU EP, which is NumPy's without stretching `b`'s 1 to a 0
+/// (`[1, 3, 2] @ [0, 2, 4]` is refused, `[0, 3, 2] @ [1, 2, 4]` is empty); with a 1-D `b`, `a`'s rows count as a batch axis, and
 /// a 2-D `b` is shared by every batch of `a` unchecked.
 pub(crate) fn check_batch_broadcast(a: &[i64], b: &[i64]) -> Result<()> {
     if b.len() == 2 && a.len() >= 2 {
@@ -21,7 +21,8 @@ pub(crate) fn check_batch_broadcast(a: &[i64], b: &[i64]) -> Result<()> {
     let dim = |v: &[i64], i: usize| if i + v.len() < n { 1 } else { v[i + v.len() - n] };
     for i in 0..n {
         let (l, r) = (dim(a_batch, i), dim(b_batch, i));
-        let out = l.max(r);
+        // (An empty batch of `a` against one of `b` is empty, as ORT's CPU EP has it.)
+        let out = if l == 0 && r == 1 { 0 } else { l.max(r) };
         if (l != out && l != 1) || (r != out && r != 1) {
             bail!("the batch dims of {a:?} and {b:?} do not broadcast (axis {i}: {l} and {r})");
         }
@@ -113,6 +114,14 @@ impl Lowering for Gemm {
         let mut out = ops::matmul(&a, &b, s)?;
         if alpha != 1.0 {
             out = ops::scale(&out, alpha, s)?;
+        }
+        // C broadcasts to [M, N] one way only (each dim 1 or equal), as ORT's CPU EP requires,
+        // whatever beta is.
+        if let Some(c) = ctx.optional_input(2) {
+            let (cs, ys) = (c.shape(), out.shape());
+            if cs.len() > 2 || cs.iter().rev().zip(ys.iter().rev()).any(|(&d, &y)| d != 1 && d != y) {
+                ep_core::bail!("C {cs:?} does not broadcast to the product's {ys:?}");
+            }
         }
         if let Some(c) = ctx.optional_input(2).filter(|_| beta != 0.0) {
             let c = if beta == 1.0 { c.clone() } else { ops::scale(c, beta, s)? };

@@ -59,8 +59,9 @@ impl Window {
         if strides.iter().chain(&dilations).chain(&kernel).any(|&v| v < 1) {
             bail!("kernel, strides and dilations must be positive");
         }
+        // (An empty string is NOTSET, as ORT's CPU EP reads it.)
         let auto = match node.attr("auto_pad") {
-            Some(AttrValue::String(s)) => s.as_str(),
+            Some(AttrValue::String(s)) if !s.is_empty() => s.as_str(),
             _ => "NOTSET",
         };
         let (mut pad_lo, mut pad_hi) = (vec![0; n], vec![0; n]);

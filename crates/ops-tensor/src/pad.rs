@@ -78,6 +78,11 @@ fn lower_pad(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         .map(|a| i64::try_from(i128::from(shape[a]) + i128::from(lo[a]) + i128::from(hi[a])).unwrap_or(i64::MAX))
         .collect();
     ep_core::lowering::check_shape(&padded, x.dtype())?;
+    // An empty result (a crop that exactly meets the padding on some axis) is just that, as
+    // ORT's CPU EP answers it.
+    if padded.contains(&0) {
+        return Ok(vec![ops::full(&padded, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?]);
+    }
     // Negative pads crop first.
     let start: Vec<i64> = lo.iter().map(|&p| (-p).max(0)).collect();
     let stop: Vec<i64> = shape.iter().zip(&hi).map(|(&d, &p)| d + p.min(0)).collect();
