@@ -702,6 +702,9 @@ def per_op_draw_cases():
         "Pad[crop meeting the padding]": case(
             "Pad", [("x", F, [3, 3, 3]), ("p", I64, [6])],
             {"x": rand(3, 3, 3), "p": np.array([-4, 0, 2, 1, -1, 2], np.int64)}, opset=18),
+        "Pad[edge mode over a crop to nothing]": case(
+            "Pad", [("x", TensorProto.DOUBLE, [1, 2]), ("p", I64, [4])],
+            {"x": np.ones((1, 2)), "p": np.array([-2, 0, 1, 2], np.int64)}, opset=13, mode="edge"),
         "MatMul[empty batch of a]": case(
             "MatMul", [("a", F, [None, 2, 5]), ("b", F, [1, 5, 4])], {"a": rand(0, 2, 5), "b": rand(1, 5, 4)}),
         "ConvTranspose[dilation 2^31 on a one-tap axis]": case(

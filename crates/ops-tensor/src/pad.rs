@@ -78,9 +78,10 @@ fn lower_pad(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         .map(|a| i64::try_from(i128::from(shape[a]) + i128::from(lo[a]) + i128::from(hi[a])).unwrap_or(i64::MAX))
         .collect();
     ep_core::lowering::check_shape(&padded, x.dtype())?;
-    // An empty result (a crop that exactly meets the padding on some axis) is just that, as
-    // ORT's CPU EP answers it.
-    if padded.contains(&0) {
+    // An empty constant-mode result (a crop that exactly meets the padding on some axis) is
+    // just that, as ORT's CPU EP answers it (the other modes have no input to copy from there,
+    // which it refuses, as the path below does).
+    if padded.contains(&0) && mode(node) == "constant" {
         return Ok(vec![ops::full(&padded, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?]);
     }
     // Negative pads crop first.
