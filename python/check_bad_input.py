@@ -705,6 +705,18 @@ def per_op_draw_cases():
         "Pad[edge mode over a crop to nothing]": case(
             "Pad", [("x", TensorProto.DOUBLE, [1, 2]), ("p", I64, [4])],
             {"x": np.ones((1, 2)), "p": np.array([-2, 0, 1, 2], np.int64)}, opset=13, mode="edge"),
+        "Pad[edge mode, both ends cropping to nothing]": case(
+            "Pad", [("x", F, [4]), ("p", I64, [2])], {"x": rand(4), "p": np.array([-2, -2], np.int64)}, opset=16,
+            mode="edge"),
+        "Div[int64 divisor of zero]": case(
+            "Div", [("a", I64, [3]), ("b", I64, [3])],
+            {"a": np.array([7, -8, 9], np.int64), "b": np.array([2, 0, 3], np.int64)}, opset=14),
+        "Mod[int32 divisor of zero]": case(
+            "Mod", [("a", TensorProto.INT32, [2]), ("b", TensorProto.INT32, [2])],
+            {"a": np.array([7, -8], np.int32), "b": np.array([0, 3], np.int32)}, opset=13),
+        "GroupNormalization[num_groups 0]": case(
+            "GroupNormalization", [("x", F, [2, 1, 4, 5]), ("s", F, [1]), ("b", F, [1])],
+            {"x": rand(2, 1, 4, 5), "s": f(1.0), "b": f(0.0)}, opset=21, num_groups=0, epsilon=1e-3),
         "MatMul[empty batch of a]": case(
             "MatMul", [("a", F, [None, 2, 5]), ("b", F, [1, 5, 4])], {"a": rand(0, 2, 5), "b": rand(1, 5, 4)}),
         "ConvTranspose[dilation 2^31 on a one-tap axis]": case(

@@ -52,12 +52,23 @@ impl Lowering for Binary {
     }
 
     fn lower(&self, ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-        let a = ctx.input(0)?;
+        let a = ctx.input(0)?.clone();
+        let a = &a;
         let s = ctx.stream_for(a.dtype());
         if self.op == "Pow"
             && let Some(y) = pow_by_products(a, ctx.input(1)?, ctx.is_constant(1), s)?
         {
             return Ok(vec![y]);
+        }
+        if matches!(self.op, "Div" | "Mod") && is_int(a) {
+            // An integer divisor of zero fails the run (ORT's CPU EP refuses a constant one and
+            // dies on another); it is replaced by 1 until the check is read, so the division
+            // itself never divides by zero (MLX's CPU kernel would end the process).
+            let b = ctx.input(1)?.clone();
+            let nonzero = ops::not_equal(&b, &ops::scalar(0.0, b.dtype(), s)?, s)?;
+            ctx.check(&nonzero, format!("{}: an integer divisor is zero", self.op))?;
+            let b = ops::where_(&nonzero, &b, &ops::scalar(1.0, b.dtype(), s)?, s)?;
+            return Ok(vec![(self.f)(a, &b, node, s)?]);
         }
         Ok(vec![(self.f)(a, ctx.input(1)?, node, s)?])
     }

@@ -91,6 +91,13 @@ fn lower_pad(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         bail!("pads crop more than the input has");
     }
     let mut y = ops::slice(x, &start, &stop, s)?;
+    // Edge, reflect and wrap copy from the input: an axis that pads touch and crops to nothing
+    // has none, which ORT's CPU EP refuses.
+    if mode(node) != "constant"
+        && let Some(a) = (0..r).find(|&a| (lo[a] != 0 || hi[a] != 0) && stop[a] == start[a])
+    {
+        bail!("mode '{}' cannot pad axis {a}: its pads crop it to nothing", mode(node));
+    }
     let (lo, hi): (Vec<i64>, Vec<i64>) =
         (lo.iter().map(|&p| p.max(0)).collect(), hi.iter().map(|&p| p.max(0)).collect());
     let m = mode(node);
