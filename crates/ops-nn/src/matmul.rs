@@ -21,8 +21,10 @@ pub(crate) fn check_batch_broadcast(a: &[i64], b: &[i64]) -> Result<()> {
     let dim = |v: &[i64], i: usize| if i + v.len() < n { 1 } else { v[i + v.len() - n] };
     for i in 0..n {
         let (l, r) = (dim(a_batch, i), dim(b_batch, i));
-        // (An empty batch of `a` against one of `b` is empty, as ORT's CPU EP has it.)
-        let out = if l == 0 && r == 1 { 0 } else { l.max(r) };
+        // (An empty batch of `a` against a batch of one in `b` itself is empty, as ORT's CPU EP
+        // has it; against a missing one, as for a 1-D `b`, it refuses.)
+        let b_real = i + b_batch.len() >= n;
+        let out = if l == 0 && r == 1 && b_real { 0 } else { l.max(r) };
         if (l != out && l != 1) || (r != out && r != 1) {
             bail!("the batch dims of {a:?} and {b:?} do not broadcast (axis {i}: {l} and {r})");
         }
