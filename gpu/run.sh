@@ -15,7 +15,9 @@
 #            summary (time per phase, bytes copied), and the fp16 one with per-step progress
 #   probe    gpu/decode_probe.py: a decode step written in MLX, one change per variant
 #   steps    the fp16 decoder with the KV in the EP's memory, verbose, per-step progress,
-#            once per value of $COMPILE (default "1"; "0 1" runs eager first)
+#            once per value of $COMPILE (default "1"; "0 1" runs eager first); each compiled
+#            graph's Graphviz text into $OUT/graphs-c$COMPILE/
+#   native   the native MLX floor alone, fp16 and fp32, eager and compiled
 #   cmd      the command in $GPU_CMD, in this environment (for one-off measurements)
 #   keep     the JIT kernel cache into $OUT/kernels.tar.gz (a later machine can carry it
 #            back: MLX_EP_KERNELS=path/kernels.tar.gz unpacks it before anything runs)
@@ -125,9 +127,18 @@ for s in "${sections[@]}"; do
     steps)
       for c in ${COMPILE:-1}; do
         section "probe: fp16 decoder, KV in the EP's memory, compile=$c, verbose"
+        ONNXRUNTIME_EP_MLX_GRAPH_DIR=$out/graphs-c$c \
         ONNXRUNTIME_EP_MLX_COMPILE=$c ONNXRUNTIME_EP_MLX_VERBOSE=1 MLX_EP_RUN_PROGRESS=1 timed 300 "probe fp16 compile=$c" \
           mlx-ep-run llm --preset qwen2.5-0.5b-fp16 --kv device --prompt 128 --steps 32 \
           --json "/tmp/mlx-gpu/json/probe-fp16-device-c$c.json"
+      done ;;
+    native)
+      for p in qwen2.5-0.5b-fp16 qwen2.5-0.5b; do
+        for m in eager compiled; do
+          section "native MLX floor $p ($m)"
+          timed 150 "native $p $m" mlx-ep-bench native --preset "$p" --prompt 128 --steps 32 --mode "$m" \
+            --json "/tmp/mlx-gpu/json/native-$p-$m.json"
+        done
       done ;;
     cmd)
       section "command: $GPU_CMD"

@@ -1,5 +1,5 @@
 //! `mlx-ep-bench native --preset P [--prompt N] [--steps N] [--mode eager|compiled] [--json PATH]`:
-//! greedy generation of a generated decoder written directly against MLX (the floor the EP is
+//! greedy generation (twice: the first one warms up) of a generated decoder written directly against MLX (the floor the EP is
 //! measured against); `cargo xtask bench` checks its greedy tokens against ORT's CPU EP's.
 
 use mlx_ep_bench::native::{Mode, NativeDecoder};
@@ -40,21 +40,32 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     }
     let cfg = DecoderConfig::preset(&preset)?;
     let native = NativeDecoder::new(&cfg, &DecoderWeights::generate(&cfg, 1), mode)?;
-    let g = native.generate(&decoder::prompt(&cfg, prompt_len), steps)?;
+    // A first generation compiles what MLX compiles on first use (on CUDA, its JIT kernels);
+    // the figures are the second's, as for the EP.
+    let prompt = decoder::prompt(&cfg, prompt_len);
+    let first = std::time::Instant::now();
+    let cold = native.generate(&prompt, steps)?;
+    let first_ms = first.elapsed().as_secs_f64() * 1000.0;
+    let g = native.generate(&prompt, steps)?;
+    if g.tokens != cold.tokens {
+        return Err("the second generation's tokens differ from the first's".into());
+    }
     let traces = mlx_ep_bench::native::TRACES.load(std::sync::atomic::Ordering::Relaxed);
     println!(
-        "native MLX '{}' ({}): prefill {:.2} ms, decode {:.3} ms/token ({:.1} tokens/s); {traces} trace(s) of the decode step",
+        "native MLX '{}' ({}): prefill {:.2} ms, decode {:.3} ms/token ({:.1} tokens/s); {traces} trace(s) of the decode step; first generation {first_ms:.1} ms (prefill {:.1} ms)",
         cfg.name,
         mode.name(),
         g.prefill_ms,
         g.median_step_ms(),
-        g.decode_tokens_per_s()
+        g.decode_tokens_per_s(),
+        cold.prefill_ms
     );
     if let Some(path) = json {
         let v = serde_json::json!({
             "preset": cfg.name, "mode": mode.name(), "prompt_len": prompt_len, "steps": steps,
             "prefill_ms": g.prefill_ms, "decode_ms_per_token": g.median_step_ms(),
             "step_ms": g.step_ms, "tokens": g.tokens, "decode_traces": traces,
+            "cold_total_ms": first_ms, "cold_prefill_ms": cold.prefill_ms,
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
     }

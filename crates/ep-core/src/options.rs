@@ -207,6 +207,24 @@ pub const DEVICE_MEMORY: Setting = Setting {
     doc: "on MLX's CPU backend, give the EP's device its own memory (allocator and data transfer), as it has on a GPU: for testing the device path; read when the plugin is registered",
 };
 
+pub const GRAPH_DIR: Setting = Setting {
+    key: None,
+    env: "ONNXRUNTIME_EP_MLX_GRAPH_DIR",
+    kind: Kind::Path,
+    default: "",
+    process_wide: false,
+    doc: "with `verbose` on, also write each compiled closure's graph (the primitives one run hands MLX) as Graphviz text into this directory, `graph-N.dot` in the order first run",
+};
+
+pub const TEST_KEY_MASK: Setting = Setting {
+    key: None,
+    env: "ONNXRUNTIME_EP_MLX_TEST_KEY_MASK",
+    kind: Kind::Switch,
+    default: "0",
+    process_wide: true,
+    doc: "take the attention forms meant for GPUs (one query token through MLX's fused kernel, the key mask carried in the head dimension) on the CPU too: for testing them where CI runs",
+};
+
 /// Every setting, in the README's order.
 pub const ALL: &[&Setting] = &[
     &DEVICE,
@@ -221,6 +239,8 @@ pub const ALL: &[&Setting] = &[
     &TRACE,
     &ZERO_COPY,
     &DEVICE_MEMORY,
+    &GRAPH_DIR,
+    &TEST_KEY_MASK,
 ];
 
 /// The prefix ORT gives provider options in a session's configuration.

@@ -118,6 +118,23 @@ impl GraphSize {
     }
 }
 
+/// With verbose on and `ONNXRUNTIME_EP_MLX_GRAPH_DIR` set (a debugging aid, read per graph),
+/// each compiled closure's graph is also written there as Graphviz text, one file per
+/// closure (`graph-N.dot`, numbered in the order they were first applied, the closure named
+/// in the first line), for reading which primitives a run hands MLX.
+pub fn keep_graph(what: &str, dot: &str) {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let Some(dir) = std::env::var_os(crate::options::GRAPH_DIR.env).filter(|d| !d.is_empty()) else { return };
+    let dir = std::path::PathBuf::from(dir);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let text = format!("// {what}\n{dot}");
+    if let Err(e) =
+        std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(dir.join(format!("graph-{n}.dot")), text))
+    {
+        eprintln!("[MLXExecutionProvider] could not keep the graph of {what} in {}: {e}", dir.display());
+    }
+}
+
 #[derive(Default, Clone)]
 struct ClaimSummary {
     nodes_total: usize,

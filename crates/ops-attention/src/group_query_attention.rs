@@ -18,7 +18,7 @@
 //! `total_sequence_length` (the present length) is read on the host, which in genai's graphs
 //! is a shape and so costs nothing.
 
-use crate::{heads, rotary};
+use crate::{heads, key_mask, rotary};
 use ep_core::lowering::{FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{CompileSafety, Decline, ElemType, Error, LowerCtx, NodeInfo, Result, bail};
@@ -132,7 +132,9 @@ fn present(past: Option<&Array>, new: &Array, past_b: &Array, len: i64, g: &Geom
 /// len, 1]`), one slice update writing `new` at `start` (`past_b` clamped to the buffer, `[1]`:
 /// a position held as data, so a replayed graph serves every step; an entry past the buffer
 /// fails the run through the seqlens check).
-fn present_one(past: &Array, new: &Array, keep: &Array, start: &Array, len: i64, s: &Stream) -> Result<Array> {
+/// One new row (`written`: `[1, 1, len, 1]`, true at the row it goes to) is one fused select.
+fn present_one(past: &Array, new: &Array, at: &[Array], len: i64, s: &Stream) -> Result<Array> {
+    let (keep, start, written) = (&at[0], &at[1], &at[2]);
     let p_len = past.shape()[2];
     let zero = ops::scalar(0.0, new.dtype(), s)?;
     let p = if p_len < len {
@@ -140,7 +142,11 @@ fn present_one(past: &Array, new: &Array, keep: &Array, start: &Array, len: i64,
     } else {
         past.clone()
     };
-    Ok(ops::slice_update_dynamic(&ops::where_(keep, &p, &zero, s)?, new, start, &[2], s)?)
+    let kept = ops::where_(keep, &p, &zero, s)?;
+    if new.shape()[2] == 1 {
+        return Ok(ops::where_(written, new, &kept, s)?);
+    }
+    Ok(ops::slice_update_dynamic(&kept, new, start, &[2], s)?)
 }
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
@@ -178,9 +184,9 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     };
     // The query heads (packed: with the key heads after them, so that rotary runs once over
     // both), the key heads apart (not packed) and the value heads.
-    let (mut qk, mut k_apart, v) = if packed {
-        let all = to_heads(query, width)?;
-        (part(&all, 0, heads + kv_heads)?, None, part(&all, heads + kv_heads, kv_heads)?)
+    let all = if packed { Some(to_heads(query, width)?) } else { None };
+    let (mut qk, mut k_apart, mut v) = if let Some(all) = &all {
+        (part(all, 0, heads + kv_heads)?, None, part(all, heads + kv_heads, kv_heads)?)
     } else {
         (to_heads(query, heads)?, Some(to_heads(ctx.input(1)?, kv_heads)?), to_heads(ctx.input(2)?, kv_heads)?)
     };
@@ -248,10 +254,33 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             Ok(vec![cos, sin])
         })?;
         let (cos, sin) = (&angles[0], &angles[1]);
-        // Rounded back to the model's type, as the cache holds them.
-        let rotate = |x: &Array| rotary::rotate(x, cos, sin, interleaved, shapeless, s);
-        qk = rotate(&qk)?;
-        k_apart = k_apart.as_ref().map(rotate).transpose()?;
+        match &all {
+            // Packed heads rotated whole: the query and key heads in place, the value heads
+            // passed through, with no cutting before the rotation.
+            Some(all) if 2 * cos.shape()[3] == g.head => {
+                let tag = format!("GroupQueryAttention b={} s={} first={first_prompt}", g.batch, g.seq);
+                let turned = (cos, sin);
+                let all = rotary::rotate_leading_heads(
+                    ctx,
+                    all,
+                    turned,
+                    heads + kv_heads,
+                    interleaved,
+                    &[5, 7, 8, 9],
+                    &tag,
+                    s,
+                )?;
+                qk = part(&all, 0, heads)?;
+                k_apart = Some(part(&all, heads, kv_heads)?);
+                v = part(&all, heads + kv_heads, kv_heads)?;
+            }
+            _ => {
+                // Rounded back to the model's type, as the cache holds them.
+                let rotate = |x: &Array| rotary::rotate(x, cos, sin, interleaved, shapeless, s);
+                qk = rotate(&qk)?;
+                k_apart = k_apart.as_ref().map(rotate).transpose()?;
+            }
+        }
     }
     let (q, k) = match k_apart {
         Some(k) => (qk, k),
@@ -279,11 +308,14 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             let tag =
                 format!("GroupQueryAttention one entry's rows len={present_len} s={} first={first_prompt}", g.seq);
             let at = ctx.shared(&[5], &tag, |_| {
-                let keep = ops::less(&iota(present_len, 2, s)?, &past_b, s)?;
+                let rows = iota(present_len, 2, s)?;
+                let keep = ops::less(&rows, &past_b, s)?;
                 let last = int(present_len - g.seq, s)?;
-                Ok(vec![keep, ops::clip(&ops::reshape(&past_b, &[1], s)?, Some(&int(0, s)?), Some(&last), s)?])
+                let start = ops::clip(&ops::reshape(&past_b, &[1], s)?, Some(&int(0, s)?), Some(&last), s)?;
+                let written = ops::equal(&rows, &start, s)?;
+                Ok(vec![keep, start, written])
             })?;
-            (present_one(pk, &k, &at[0], &at[1], present_len, s)?, present_one(pv, &v, &at[0], &at[1], present_len, s)?)
+            (present_one(pk, &k, &at, present_len, s)?, present_one(pv, &v, &at, present_len, s)?)
         }
         _ => (
             present(past_k.as_ref(), &k, &past_b, present_len, &g, s)?,
@@ -347,6 +379,15 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         }
         None => None,
     };
+    // One query token over a cache whose masked keys are exactly its zeroed rows (no window):
+    // MLX's fused one-query kernel, the mask carried in the head dimension.
+    if g.seq == 1 && window < 0 && bias.is_none() && softcap <= 0.0 && !sink && key_mask::serves(dtype) {
+        let tag = format!("GroupQueryAttention len={present_len} causal={causal}");
+        let qkv = (&q, &present_k, &present_v);
+        if let Some(y) = key_mask::attend(ctx, qkv, &allowed, scale, &[5], &tag, shapeless, s)? {
+            return Ok(vec![heads::merge(&y, s)?, present_k, present_v]);
+        }
+    }
     let (qf, kf, vf) = (f32(&q)?, f32(&present_k)?, f32(&present_v)?);
     let y = if softcap <= 0.0 && !sink {
         let neg_inf = ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?;

@@ -11,6 +11,7 @@
 mod attention;
 mod group_query_attention;
 mod heads;
+mod key_mask;
 mod multi_head_attention;
 mod rotary;
 mod rotary_embedding;

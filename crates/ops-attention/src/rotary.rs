@@ -90,3 +90,58 @@ pub(crate) fn angles(
     };
     Ok((pick(cos_cache)?, pick(sin_cache)?))
 }
+
+/// Rotates whole heads (`rotary_dim` = head size) of the first `rotated` heads of `x`
+/// (`[B, n, S, H]`, any float type) by `cos`/`sin` (`[B, 1, S, H / 2]`, float32) and passes the
+/// other heads through unchanged (packed query, key and value heads: the value heads are
+/// not rotated). One gather (each feature's partner) and one fused kernel, with no cutting
+/// of heads or halves: each pair `(a, b)` becomes `(a c - b s, b c + a s)` as
+/// `x * [c, c] + partner * [-s, s]`, in float32, rounded once to `x`'s type; the tables are
+/// built once per graph (`tag` names them among its shared values, `of` the inputs they
+/// derive from).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rotate_leading_heads(
+    ctx: &mut LowerCtx<'_>,
+    x: &Array,
+    (cos, sin): (&Array, &Array),
+    rotated: i64,
+    interleaved: bool,
+    of: &[usize],
+    tag: &str,
+    s: &Stream,
+) -> Result<Array> {
+    let shape = x.shape();
+    let (b, n, seq, head) = (shape[0], shape[1], shape[2], shape[3]);
+    let half = cos.shape()[3];
+    if 2 * half != head {
+        bail!("rotary over {} of {head} features has no whole-head form", 2 * half);
+    }
+    // Pairs lie along a size-2 axis: [.., 2, half] split in halves, [.., half, 2] interleaved.
+    let (pairs, axis, table_shape): (Vec<i64>, i32, Vec<i64>) = if interleaved {
+        (vec![b, n, seq, half, 2], 4, vec![b, 1, seq, half, 1])
+    } else {
+        (vec![b, n, seq, 2, half], 3, vec![b, 1, seq, 1, half])
+    };
+    let tag = format!("{tag} rotary tables b={b} n={n}/{rotated} s={seq} half={half} interleaved={interleaved}");
+    let tables = ctx.shared(of, &tag, |_| {
+        let c = ops::reshape(cos, &table_shape, s)?;
+        let sn = ops::reshape(sin, &table_shape, s)?;
+        let c2 = ops::concatenate(&[c.clone(), c], axis, s)?;
+        let s2 = ops::concatenate(&[ops::negative(&sn, s)?, sn], axis, s)?;
+        // Each feature's partner's index along the pair axis, at full shape (a gather along
+        // an axis with nothing to broadcast).
+        let mut index_shape = vec![1i64; 5];
+        index_shape[axis as usize] = 2;
+        let partner = ops::broadcast_to(&Array::from_slice(&[1i32, 0], &index_shape)?, &pairs, s)?;
+        let keep: Vec<bool> = (0..n).map(|h| h < rotated).collect();
+        let turned = Array::from_slice(&keep, &[1, n, 1, 1, 1])?;
+        Ok(vec![c2, s2, partner, turned])
+    })?;
+    let x5 = ops::reshape(x, &pairs, s)?;
+    let partner = ops::take_along_axis(&x5, &tables[2], axis, s)?;
+    let wide = |a: &Array| ops::astype(a, Dtype::F32, s);
+    let turned =
+        ops::add(&ops::multiply(&wide(&x5)?, &tables[0], s)?, &ops::multiply(&wide(&partner)?, &tables[1], s)?, s)?;
+    let y = ops::where_(&tables[3], &ops::astype(&turned, x.dtype(), s)?, &x5, s)?;
+    Ok(ops::reshape(&y, &shape, s)?)
+}

@@ -5,7 +5,7 @@
 use super::translate::{Flags, TraceMode, Translation, Verdict};
 use super::write_back::PendingRows;
 use super::{COMPILED_CACHE_CAPACITY, Mode, Plan, RunOutputs};
-use crate::mlx::{Array, Closure, Dtype, MlxError, Stream, VectorArray};
+use crate::mlx::{Array, Closure, Dtype, MlxError, Stream, VectorArray, ops};
 use crate::stats::{Phase, SessionStats};
 use crate::{Error, Result};
 use std::collections::VecDeque;
@@ -103,6 +103,10 @@ impl CompiledCache {
 #[derive(Default, Clone)]
 pub(super) struct TraceMeta {
     pub(super) rows_at: Vec<(usize, usize, String)>,
+    /// Per entry of `rows_at`, the packed array its rows are in (see [`pack_rows`]); and
+    /// how many packed arrays there are.
+    pub(super) row_groups: Vec<usize>,
+    pub(super) groups: usize,
     pub(super) flags: Flags,
 }
 
@@ -127,15 +131,16 @@ impl Traced {
             st.traces.fetch_add(1, Ordering::Relaxed);
             let stream = Stream::default_device()?;
             let built = t.build(args.to_vec(), &stream, mode).map_err(|e| MlxError(e.0))?;
+            let (row_groups, packed) = pack_rows(&built.rows_at, &stream).map_err(|e| MlxError(e.0))?;
             *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(TraceMeta {
                 rows_at: built.rows_at.iter().map(|p| (p.input, p.axis, p.output.clone())).collect(),
+                groups: packed.len() - usize::from(!built.rows_at.is_empty()),
+                row_groups,
                 flags: built.meta,
             }));
             let mut outputs = built.outputs;
-            for p in built.rows_at {
-                outputs.push(p.rows);
-                outputs.push(p.starts);
-            }
+            outputs.extend(built.rows_at.into_iter().map(|p| p.rows));
+            outputs.extend(packed);
             outputs.extend(built.flags);
             Ok(outputs)
         });
@@ -146,6 +151,38 @@ impl Traced {
         stats.compiles.fetch_add(1, Ordering::Relaxed);
         Ok(Traced { closure: Arc::new(compiled), meta })
     }
+}
+
+/// The rows of a run's in-place updates at data positions, packed for the host: every
+/// update's rows flattened into one array per dtype, and every update's starts into one int32
+/// array (last). On CUDA each array read on the host moves to unified memory with a
+/// transfer and a wait of its own, so a decode step writing two rows per layer reads two
+/// arrays instead of two per layer. Returns each update's packed array and the arrays.
+fn pack_rows(rows_at: &[PendingRows], s: &Stream) -> Result<(Vec<usize>, Vec<Array>)> {
+    if rows_at.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let mut dtypes: Vec<Dtype> = Vec::new();
+    let mut members: Vec<Vec<Array>> = Vec::new();
+    let mut group_of = Vec::with_capacity(rows_at.len());
+    for p in rows_at {
+        let d = p.rows.dtype();
+        let g = dtypes.iter().position(|&x| x == d).unwrap_or_else(|| {
+            dtypes.push(d);
+            members.push(Vec::new());
+            dtypes.len() - 1
+        });
+        group_of.push(g);
+        members[g].push(ops::flatten(&ops::contiguous(&p.rows, s)?, s)?);
+    }
+    let cat = |parts: &[Array]| -> Result<Array> {
+        Ok(if parts.len() == 1 { parts[0].clone() } else { ops::concatenate(parts, 0, s)? })
+    };
+    let mut packed: Vec<Array> = members.iter().map(|m| cat(m)).collect::<Result<_>>()?;
+    let starts: Vec<Array> =
+        rows_at.iter().map(|p| Ok(ops::flatten(&ops::astype(&p.starts, Dtype::I32, s)?, s)?)).collect::<Result<_>>()?;
+    packed.push(cat(&starts)?);
+    Ok((group_of, packed))
 }
 
 impl Plan {
@@ -185,6 +222,7 @@ impl Plan {
                 // What each later replay hands MLX: the compiled tape behind the outputs.
                 let what = format!("{} ({} inputs)", self.translation.name, inputs.len());
                 let dot = VectorArray::from_arrays(&outputs)?.graph_dot()?;
+                crate::stats::keep_graph(&what, &dot);
                 self.stats.record_graph(crate::stats::GraphSize::from_dot(what, &dot));
             }
         } else {
@@ -194,7 +232,9 @@ impl Plan {
         let meta = traced.meta.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
         let meta = meta.as_ref();
         let n = self.translation.outputs.len();
-        if outputs.len() != n + 2 * meta.rows_at.len() + meta.flags.any() as usize {
+        let updates = meta.rows_at.len();
+        let extras = updates + meta.groups + usize::from(updates > 0);
+        if outputs.len() != n + extras + meta.flags.any() as usize {
             return Err(Error::new(format!("a compiled closure returned {} arrays for {n} outputs", outputs.len())));
         }
         if meta.flags.any() {
@@ -205,12 +245,24 @@ impl Plan {
                 Verdict::Invalid(e) => return Ok(Applied::Invalid(e)),
             }
         }
-        let mut extra = outputs.split_off(n).into_iter();
-        let mut write_backs = Vec::with_capacity(meta.rows_at.len());
-        for &(input, axis, ref output) in &meta.rows_at {
-            let (rows, starts) = (extra.next().expect("counted above"), extra.next().expect("counted above"));
-            let shape = inputs.get(input).map(Array::shape).unwrap_or_default();
-            write_backs.push(PendingRows { input, rows, starts, axis, output: output.clone() }.resolve(&shape)?);
+        let mut extra = outputs.split_off(n);
+        let mut write_backs = Vec::with_capacity(updates);
+        if updates > 0 {
+            let starts_all = extra.pop().expect("counted above");
+            let groups = extra.split_off(updates);
+            // One read of every start, one host pointer per packed array (see `pack_rows`).
+            let starts = starts_all.to_vec::<i32>(&Stream::cpu()?)?;
+            let (mut at, mut offsets) = (0usize, vec![0usize; groups.len()]);
+            for ((&(input, axis, ref output), rows), &g) in meta.rows_at.iter().zip(extra).zip(&meta.row_groups) {
+                let shape = inputs.get(input).map(Array::shape).unwrap_or_default();
+                let b = rows.shape().first().map_or(0, |&d| d as usize);
+                let taken = starts.get(at..at + b).ok_or_else(|| Error::new("the packed starts are too short"))?;
+                let bytes = rows.size() * rows.dtype().size_in_bytes();
+                let pending = PendingRows { input, rows, starts: starts_all.clone(), axis, output: output.clone() };
+                write_backs.push(pending.resolve_in(&shape, taken, &groups[g], offsets[g])?);
+                offsets[g] += bytes;
+                at += b;
+            }
         }
         Ok(Applied::Ran(RunOutputs { outputs, write_backs }))
     }

@@ -18,6 +18,13 @@ impl PendingRows {
     /// The write-back, once `rows` and `starts` are evaluated, into an input of `shape`.
     pub(super) fn resolve(&self, shape: &[i64]) -> Result<WriteBack> {
         let starts = self.starts.to_vec::<i32>(&Stream::cpu()?)?;
+        self.resolve_in(shape, &starts, &self.rows, 0)
+    }
+
+    /// As [`Self::resolve`], with the starts already read and the rows' bytes at `offset` in
+    /// `bytes` (rows of several updates packed into one array: reading an array on the host
+    /// costs a transfer each on CUDA, so a run reads one).
+    pub(super) fn resolve_in(&self, shape: &[i64], starts: &[i32], bytes: &Array, offset: usize) -> Result<WriteBack> {
         let rows = self.rows.shape();
         let itemsize = self.rows.dtype().size_in_bytes();
         let (axis, n) = (self.axis, rows[self.axis] as usize);
@@ -34,10 +41,15 @@ impl PendingRows {
             }
             for o in 0..per_batch {
                 let slab = b * per_batch + o;
-                chunks.push((slab * n * inner..(slab * n + n) * inner, (slab * len + start as usize) * inner));
+                let from = offset + slab * n * inner;
+                chunks.push((from..from + n * inner, (slab * len + start as usize) * inner));
             }
         }
-        Ok(WriteBack { input: self.input, array: self.rows.clone(), chunks, output: self.output.clone() })
+        let end = chunks.iter().map(|(r, _)| r.end).max().unwrap_or(offset);
+        if end > offset + self.rows.size() * itemsize || end > bytes.size() * bytes.dtype().size_in_bytes() {
+            return Err(Error::new(format!("rows {rows:?} do not fit the {} packed bytes", bytes.size())));
+        }
+        Ok(WriteBack { input: self.input, array: bytes.clone(), chunks, output: self.output.clone() })
     }
 }
 

@@ -251,7 +251,17 @@ pub struct DeviceBuffer {
     array: Array,
     ptr: *mut u8,
     len: usize,
+    /// Evaluated views handed out before, by offset, shape and dtype: a tensor ORT keeps in
+    /// the block (a KV cache bound run after run) is the same array every run, with nothing
+    /// to evaluate, instead of a slice, a view and a reshape each run.
+    views: std::sync::Mutex<Vec<KeptView>>,
 }
+
+/// A view of a [`DeviceBuffer`]: offset, shape, dtype and the evaluated array.
+type KeptView = (usize, Vec<i64>, Dtype, Array);
+
+/// Views kept per block (a block holds one tensor, seen in few shapes).
+const KEPT_VIEWS: usize = 8;
 
 // SAFETY: the buffer is plain memory owned by an MLX array; its handle is only used under
 // `mlx::lock()`, and the address is only dereferenced by callers that own the tensor.
@@ -274,7 +284,7 @@ impl DeviceBuffer {
         if ptr.is_null() {
             return Err(MlxError(format!("MLX gave no memory for {len} bytes")));
         }
-        Ok(DeviceBuffer { array, ptr, len: n })
+        Ok(DeviceBuffer { array, ptr, len: n, views: std::sync::Mutex::new(Vec::new()) })
     }
 
     pub fn ptr(&self) -> *mut u8 {
@@ -293,6 +303,22 @@ impl DeviceBuffer {
     /// `dtype`, sharing the block's memory. The caller holds [`super::lock`] and keeps `self`
     /// alive while the view is used.
     pub fn view(&self, offset: usize, shape: &[i64], dtype: Dtype, stream: &Stream) -> Result<Array> {
+        let mut kept = self.views.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((.., a)) = kept.iter().find(|(o, s, d, _)| *o == offset && s == shape && *d == dtype) {
+            return Ok(a.clone());
+        }
+        let view = self.new_view(offset, shape, dtype, stream)?;
+        // Evaluated once: the view shares the block's memory, so later runs read what is
+        // there then (MLX never writes into it: the block's own array keeps it shared).
+        view.eval()?;
+        if kept.len() == KEPT_VIEWS {
+            kept.remove(0);
+        }
+        kept.push((offset, shape.to_vec(), dtype, view.clone()));
+        Ok(view)
+    }
+
+    fn new_view(&self, offset: usize, shape: &[i64], dtype: Dtype, stream: &Stream) -> Result<Array> {
         let count: i64 = shape.iter().product();
         let size = dtype.size_in_bytes();
         let bytes = usize::try_from(count).unwrap_or(usize::MAX).saturating_mul(size);
@@ -345,12 +371,17 @@ mod cuda {
     type CuResult = i32;
     struct Driver {
         _lib: libloading::Library,
-        memcpy: unsafe extern "C" fn(u64, u64, usize) -> CuResult,
+        memcpy_async: unsafe extern "C" fn(u64, u64, usize, *mut c_void) -> CuResult,
+        stream_create: unsafe extern "C" fn(*mut *mut c_void, u32) -> CuResult,
+        stream_synchronize: unsafe extern "C" fn(*mut c_void) -> CuResult,
         ctx_get_current: unsafe extern "C" fn(*mut *mut c_void) -> CuResult,
         ctx_set_current: unsafe extern "C" fn(*mut c_void) -> CuResult,
         primary_ctx_retain: unsafe extern "C" fn(*mut *mut c_void, i32) -> CuResult,
-        ctx_synchronize: unsafe extern "C" fn() -> CuResult,
     }
+
+    /// `CU_STREAM_NON_BLOCKING`: the copies' stream does not wait on the legacy default
+    /// stream (nor it on them).
+    const STREAM_NON_BLOCKING: u32 = 1;
 
     fn driver() -> Result<&'static Driver> {
         static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
@@ -360,18 +391,20 @@ mod cuda {
                 // the symbols are the driver API's, with these C signatures.
                 unsafe {
                     let lib = libloading::Library::new("libcuda.so.1").map_err(|e| e.to_string())?;
-                    let memcpy = *lib.get(b"cuMemcpy\0").map_err(|e| e.to_string())?;
+                    let memcpy_async = *lib.get(b"cuMemcpyAsync\0").map_err(|e| e.to_string())?;
+                    let stream_create = *lib.get(b"cuStreamCreate\0").map_err(|e| e.to_string())?;
+                    let stream_synchronize = *lib.get(b"cuStreamSynchronize\0").map_err(|e| e.to_string())?;
                     let ctx_get_current = *lib.get(b"cuCtxGetCurrent\0").map_err(|e| e.to_string())?;
                     let ctx_set_current = *lib.get(b"cuCtxSetCurrent\0").map_err(|e| e.to_string())?;
                     let primary_ctx_retain = *lib.get(b"cuDevicePrimaryCtxRetain\0").map_err(|e| e.to_string())?;
-                    let ctx_synchronize = *lib.get(b"cuCtxSynchronize\0").map_err(|e| e.to_string())?;
                     Ok(Driver {
                         _lib: lib,
-                        memcpy,
+                        memcpy_async,
+                        stream_create,
+                        stream_synchronize,
                         ctx_get_current,
                         ctx_set_current,
                         primary_ctx_retain,
-                        ctx_synchronize,
                     })
                 }
             })
@@ -393,21 +426,43 @@ mod cuda {
                     return Err(MlxError(format!("no CUDA context for a copy (error {rc})")));
                 }
             }
+            // All copies queued on the EP's own stream, then one wait: a copy per call with a
+            // synchronisation each cost tens of microseconds apiece (a decode step writes two
+            // rows per layer).
+            let stream = copy_stream(d)?;
+            let mut queued = Ok(());
             for &(dst, src, n) in copies {
                 if n == 0 {
                     continue;
                 }
-                let rc = (d.memcpy)(dst as u64, src as u64, n);
+                let rc = (d.memcpy_async)(dst as u64, src as u64, n, stream);
                 if rc != 0 {
-                    return Err(MlxError(format!("cuMemcpy of {n} bytes failed with CUDA error {rc}")));
+                    queued = Err(MlxError(format!("cuMemcpyAsync of {n} bytes failed with CUDA error {rc}")));
+                    break;
                 }
             }
-            // A device-to-device cuMemcpy may return before it is done.
-            let rc = (d.ctx_synchronize)();
+            // Waited for even after a failed queueing: no copy may still run when this returns.
+            let rc = (d.stream_synchronize)(stream);
+            queued?;
             if rc != 0 {
-                return Err(MlxError(format!("cuCtxSynchronize failed with CUDA error {rc}")));
+                return Err(MlxError(format!("cuStreamSynchronize failed with CUDA error {rc}")));
             }
         }
         Ok(())
+    }
+
+    /// The stream the EP's copies run on, created once in the current (primary) context.
+    fn copy_stream(d: &Driver) -> Result<*mut c_void> {
+        static STREAM: OnceLock<std::result::Result<usize, i32>> = OnceLock::new();
+        let made = STREAM.get_or_init(|| {
+            let mut s: *mut c_void = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer; the caller made the primary context current.
+            let rc = unsafe { (d.stream_create)(&mut s, STREAM_NON_BLOCKING) };
+            if rc == 0 { Ok(s as usize) } else { Err(rc) }
+        });
+        match made {
+            Ok(s) => Ok(*s as *mut c_void),
+            Err(rc) => Err(MlxError(format!("cuStreamCreate failed with CUDA error {rc}"))),
+        }
     }
 }

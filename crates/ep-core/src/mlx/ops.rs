@@ -153,6 +153,14 @@ pub fn contiguous(a: &Array, s: &Stream) -> Result<Array> {
     Ok(out)
 }
 
+/// `a` as one dimension (a view where it is contiguous); shape-agnostic in a shapeless trace.
+pub fn flatten(a: &Array, s: &Stream) -> Result<Array> {
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_flatten(&mut out.0, a.0, 0, -1, s.0) })?;
+    Ok(out)
+}
+
 /// `a` scaled by a float constant, keeping `a`'s dtype.
 pub fn scale(a: &Array, factor: f32, s: &Stream) -> Result<Array> {
     let f = scalar(f64::from(factor), a.dtype(), s)?;

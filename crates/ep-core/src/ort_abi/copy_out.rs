@@ -19,6 +19,10 @@ pub(super) fn write_outputs(
     values: &[*const OrtValue],
     ctx: *mut OrtKernelContext,
 ) -> Result<()> {
+    // Every copy of the run is queued and done at once at the end (one wait on a GPU); the
+    // arrays copied from are held until then.
+    let mut copies: Vec<(*mut u8, *const u8, usize)> = Vec::new();
+    let mut held: Vec<mlx::Array> = Vec::new();
     for (i, (array, out)) in run.outputs.iter().zip(plan.outputs()).enumerate() {
         let shape = array.shape();
         let mut value: *mut OrtValue = null_mut();
@@ -31,7 +35,7 @@ pub(super) fn write_outputs(
         if let Some(wb) = run.write_backs.iter().find(|wb| wb.output == out.name)
             && tensor_bytes(values[wb.input])?.0 == data
         {
-            let written = copy_rows(wb, data, size)?;
+            let written = copy_rows(wb, data, size, &mut copies)?;
             plan.stats().written_back_bytes.fetch_add(written as u64, Ordering::Relaxed);
             plan.stats().aliased_bytes_not_copied.fetch_add((size - written) as u64, Ordering::Relaxed);
             continue;
@@ -79,21 +83,30 @@ pub(super) fn write_outputs(
         }
         // The output is the buffer its input was read from in place: already there.
         if !std::ptr::eq(src.as_ptr(), data) {
-            // SAFETY: ORT allocated `size` bytes at `data` for this output; `src` is the
-            // evaluated result's memory, distinct from it.
-            unsafe { copy_many(&[(data, src.as_ptr(), size)]) }
-                .map_err(|e| Error::new(format!("output '{}': {e}", out.name)))?;
+            copies.push((data, src.as_ptr(), size));
+            held.push(dense);
         }
         plan.stats().copied_out_bytes.fetch_add(size as u64, Ordering::Relaxed);
     }
+    // SAFETY: each destination is an output buffer ORT allocated with the bytes copied (checked
+    // above), each source an evaluated result's memory (held, distinct from the outputs) or
+    // rows of an in-place update within their packed array; no two destinations overlap (each
+    // is its own output, or distinct rows of one).
+    unsafe { copy_many(&copies) }.map_err(|e| Error::new(format!("copying the outputs: {e}")))?;
+    drop(held);
     Ok(())
 }
 
-/// Copies the changed rows of a write-back into `dst` (`size` bytes); returns the bytes copied.
-fn copy_rows(wb: &WriteBack, dst: *mut u8, size: usize) -> Result<usize> {
+/// Queues the copies of the changed rows of a write-back into `dst` (`size` bytes); returns
+/// the bytes copied. (`wb.array` is held by the run until the copies are done.)
+fn copy_rows(
+    wb: &WriteBack,
+    dst: *mut u8,
+    size: usize,
+    copies: &mut Vec<(*mut u8, *const u8, usize)>,
+) -> Result<usize> {
     let src = wb.array.host_bytes().ok_or_else(|| Error::new("an in-place update was not evaluated"))?;
     let mut copied = 0;
-    let mut copies = Vec::with_capacity(wb.chunks.len());
     for (from, to) in &wb.chunks {
         if from.end > src.len() || to + from.len() > size {
             return Err(Error::new(format!(
@@ -105,8 +118,5 @@ fn copy_rows(wb: &WriteBack, dst: *mut u8, size: usize) -> Result<usize> {
         copies.push((unsafe { dst.add(*to) }, unsafe { src.as_ptr().add(from.start) }, from.len()));
         copied += from.len();
     }
-    // SAFETY: the source is the update's MLX memory, the destinations rows of ORT's buffer
-    // (host or the EP's memory), so they do not overlap.
-    unsafe { copy_many(&copies) }?;
     Ok(copied)
 }

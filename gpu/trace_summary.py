@@ -1,0 +1,41 @@
+"""Per-run phase breakdown of an EP trace (ONNXRUNTIME_EP_MLX_TRACE): for the steady runs
+(the last N partition runs, default all but the first 3), the median of each phase and of
+what the partition span holds beyond them (the compiled replay, the rows resolved), and the
+gap between consecutive partition runs (ORT's own work and the caller's), in milliseconds.
+
+usage: python3 gpu/trace_summary.py TRACE.json [--skip N]"""
+import json
+import statistics
+import sys
+
+
+def main():
+    path = sys.argv[1]
+    skip = int(sys.argv[sys.argv.index("--skip") + 1]) if "--skip" in sys.argv else 3
+    d = json.load(open(path))
+    events = d["traceEvents"] if isinstance(d, dict) else d
+    runs = sorted((e for e in events if e.get("cat") == "partition"), key=lambda e: e["ts"])
+    phases = [e for e in events if e.get("cat") == "phase"]
+    rows = []
+    for r in runs[skip:]:
+        lo, hi = r["ts"], r["ts"] + r["dur"]
+        inside = {}
+        for p in phases:
+            if lo <= p["ts"] <= hi:
+                inside[p["name"]] = inside.get(p["name"], 0.0) + p["dur"]
+        inside["replay+other"] = r["dur"] - sum(inside.values())
+        inside["partition"] = r["dur"]
+        rows.append(inside)
+    gaps = [b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(runs[skip:], runs[skip + 1 :])]
+    names = sorted({k for r in rows for k in r})
+    print(f"{path}: {len(rows)} steady runs (of {len(runs)})")
+    for n in names:
+        v = [r.get(n, 0.0) / 1000 for r in rows]
+        print(f"  {n:14s} median {statistics.median(v):8.3f} ms  min {min(v):8.3f}  max {max(v):8.3f}")
+    if gaps:
+        g = [x / 1000 for x in gaps]
+        print(f"  {'between runs':14s} median {statistics.median(g):8.3f} ms  min {min(g):8.3f}  max {max(g):8.3f}")
+
+
+if __name__ == "__main__":
+    main()
