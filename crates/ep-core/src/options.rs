@@ -55,6 +55,11 @@ impl Setting {
         parse_switch(&v).unwrap_or(false)
     }
 
+    /// A count from the environment alone, 0 when unset or not a count.
+    pub fn env_count(&self) -> usize {
+        self.env_value().and_then(|v| v.parse().ok()).unwrap_or(0)
+    }
+
     fn check(&self, value: &str, source: &str) -> Result<()> {
         let ok = match self.kind {
             Kind::Switch => parse_switch(value).is_some(),
@@ -216,6 +221,15 @@ pub const GRAPH_DIR: Setting = Setting {
     doc: "with `verbose` on, also write each compiled closure's graph (the primitives one run hands MLX) as Graphviz text into this directory, `graph-N.dot` in the order first run",
 };
 
+pub const BARE_REPLAYS: Setting = Setting {
+    key: None,
+    env: "ONNXRUNTIME_EP_MLX_BARE_REPLAYS",
+    kind: Kind::Count,
+    default: "",
+    process_wide: true,
+    doc: "with `verbose` on, at the 8th replay of each compiled closure also replay it this many times on the same inputs (already in MLX memory) and report the median per run in the summary: the bare compiled graph the EP's run time is compared with",
+};
+
 pub const TEST_KEY_MASK: Setting = Setting {
     key: None,
     env: "ONNXRUNTIME_EP_MLX_TEST_KEY_MASK",
@@ -240,6 +254,7 @@ pub const ALL: &[&Setting] = &[
     &ZERO_COPY,
     &DEVICE_MEMORY,
     &GRAPH_DIR,
+    &BARE_REPLAYS,
     &TEST_KEY_MASK,
 ];
 

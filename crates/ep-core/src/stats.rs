@@ -77,6 +77,8 @@ pub struct SessionStats {
     /// Per compiled closure (when verbose): what one application evaluates, counted on its
     /// first application.
     graphs: Mutex<Vec<GraphSize>>,
+    /// Bare replays of compiled closures (what, median ms per run, runs).
+    bare: Mutex<Vec<(String, f64, usize)>>,
     /// Whether the session prints its summary (and so counts graph sizes).
     pub verbose: bool,
     tracer: Option<Tracer>,
@@ -216,6 +218,11 @@ impl SessionStats {
         self.graphs.lock().unwrap_or_else(|p| p.into_inner()).push(g);
     }
 
+    /// Records the median time of `runs` bare replays of one compiled closure.
+    pub fn record_bare(&self, what: String, median_ms: f64, runs: usize) {
+        self.bare.lock().unwrap_or_else(|p| p.into_inner()).push((what, median_ms, runs));
+    }
+
     pub fn graphs(&self) -> Vec<GraphSize> {
         self.graphs.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -290,6 +297,9 @@ impl SessionStats {
                 g.fused,
                 top.join(", ")
             );
+        }
+        for (what, ms, runs) in self.bare.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(s, "  bare compiled graph, {what}: {ms:.3} ms per run (median of {runs} replays)");
         }
         for f in self.fallbacks.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             let _ = writeln!(s, "  eager fallback: {f}");

@@ -116,7 +116,12 @@ pub(super) struct TraceMeta {
 pub(super) struct Traced {
     pub(super) closure: Arc<Closure>,
     pub(super) meta: Arc<Mutex<Option<Arc<TraceMeta>>>>,
+    /// Replays so far (for the bare-replay measurement at the 8th).
+    replays: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// The replay at which a closure's bare replays are timed (past warm-up).
+const BARE_AT_REPLAY: usize = 8;
 
 impl Traced {
     /// Traces `translation` into a closure compiled shapeless or per shape.
@@ -140,8 +145,20 @@ impl Traced {
             }));
             let mut outputs = built.outputs;
             outputs.extend(built.rows_at.into_iter().map(|p| p.rows));
-            outputs.extend(packed);
-            outputs.extend(built.flags);
+            let mut packed = packed;
+            match (packed.pop(), built.flags) {
+                // The flags ride at the end of the packed starts: one host read for both.
+                (Some(starts), Some(flags)) => {
+                    let flags = ops::astype(&flags, Dtype::I32, &stream)?;
+                    packed.push(ops::concatenate(&[starts, flags], 0, &stream)?);
+                    outputs.extend(packed);
+                }
+                (starts, flags) => {
+                    outputs.extend(packed);
+                    outputs.extend(starts);
+                    outputs.extend(flags);
+                }
+            }
             Ok(outputs)
         });
         let compiled = {
@@ -149,7 +166,7 @@ impl Traced {
             traced.compile(mode == TraceMode::Shapeless)?
         };
         stats.compiles.fetch_add(1, Ordering::Relaxed);
-        Ok(Traced { closure: Arc::new(compiled), meta })
+        Ok(Traced { closure: Arc::new(compiled), meta, replays: Arc::default() })
     }
 }
 
@@ -186,6 +203,23 @@ fn pack_rows(rows_at: &[PendingRows], s: &Stream) -> Result<(Vec<usize>, Vec<Arr
 }
 
 impl Plan {
+    /// Replays `traced` `runs` times on `inputs` (already MLX arrays), each application
+    /// evaluated, and records the median per run: the compiled graph alone, without ORT, the
+    /// copies in and out or the EP's bookkeeping.
+    fn time_bare_replays(&self, traced: &Traced, inputs: &[Array], runs: usize) -> Result<()> {
+        let mut times = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let started = Instant::now();
+            let outputs = traced.closure.apply(inputs).map_err(Error::from)?;
+            VectorArray::from_arrays(&outputs)?.eval()?;
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        let what = format!("{} ({} inputs)", self.translation.name, inputs.len());
+        self.stats.record_bare(what, times[times.len() / 2], runs);
+        Ok(())
+    }
+
     pub(super) fn run_compiled(&self, inputs: &[Array], mode: &Mode) -> Result<Applied> {
         let shapeless = *mode == Mode::Shapeless;
         // A shapeless trace bakes in which dims broadcast (size 1): its key keeps, per dim,
@@ -229,15 +263,23 @@ impl Plan {
             self.stats.replays.fetch_add(1, Ordering::Relaxed);
         }
         self.evaluate(&outputs)?;
+        if !fresh && traced.replays.fetch_add(1, Ordering::Relaxed) + 1 == BARE_AT_REPLAY && self.stats.verbose {
+            let runs = crate::options::BARE_REPLAYS.env_count();
+            if runs > 0 {
+                self.time_bare_replays(traced, inputs, runs)?;
+            }
+        }
         let meta = traced.meta.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
         let meta = meta.as_ref();
         let n = self.translation.outputs.len();
         let updates = meta.rows_at.len();
         let extras = updates + meta.groups + usize::from(updates > 0);
-        if outputs.len() != n + extras + meta.flags.any() as usize {
+        // With updates, the flags are the last entries of the packed starts (see `compile`).
+        let folded = updates > 0 && meta.flags.any();
+        if outputs.len() != n + extras + (meta.flags.any() && !folded) as usize {
             return Err(Error::new(format!("a compiled closure returned {} arrays for {n} outputs", outputs.len())));
         }
-        if meta.flags.any() {
+        if meta.flags.any() && !folded {
             let flags = outputs.pop().expect("counted above");
             match meta.flags.read(&flags, &self.stream, true)? {
                 Verdict::Valid => {}
@@ -250,8 +292,18 @@ impl Plan {
         if updates > 0 {
             let starts_all = extra.pop().expect("counted above");
             let groups = extra.split_off(updates);
-            // One read of every start, one host pointer per packed array (see `pack_rows`).
-            let starts = starts_all.to_vec::<i32>(&Stream::cpu()?)?;
+            // One read of every start (and flag), one host pointer per packed array (see
+            // `pack_rows`).
+            let mut starts = starts_all.to_vec::<i32>(&Stream::cpu()?)?;
+            if folded {
+                let at = starts.len().checked_sub(meta.flags.count()).ok_or_else(|| Error::new("flags missing"))?;
+                let flags: Vec<bool> = starts.split_off(at).into_iter().map(|v| v != 0).collect();
+                match meta.flags.judge(&flags, true)? {
+                    Verdict::Valid => {}
+                    Verdict::GuardMiss => return Ok(Applied::GuardMiss),
+                    Verdict::Invalid(e) => return Ok(Applied::Invalid(e)),
+                }
+            }
             let (mut at, mut offsets) = (0usize, vec![0usize; groups.len()]);
             for ((&(input, axis, ref output), rows), &g) in meta.rows_at.iter().zip(extra).zip(&meta.row_groups) {
                 let shape = inputs.get(input).map(Array::shape).unwrap_or_default();

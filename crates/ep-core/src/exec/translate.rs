@@ -245,7 +245,16 @@ impl Flags {
     /// Reads the evaluated flag vector: a guard miss (where `guarded`: an exact run has no use
     /// for its guard), the first failed check, or a valid run.
     pub(super) fn read(&self, flags: &Array, stream: &Stream, guarded: bool) -> Result<Verdict> {
-        let values = flags.to_vec::<bool>(stream)?;
+        self.judge(&flags.to_vec::<bool>(stream)?, guarded)
+    }
+
+    /// How many flags there are.
+    pub(super) fn count(&self) -> usize {
+        self.guard as usize + self.reasons.len()
+    }
+
+    /// [`Self::read`] of flag values already on the host.
+    pub(super) fn judge(&self, values: &[bool], guarded: bool) -> Result<Verdict> {
         if values.len() != self.guard as usize + self.reasons.len() {
             return Err(Error::new(format!("{} flags evaluated for {:?}", values.len(), self)));
         }

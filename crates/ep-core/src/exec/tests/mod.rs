@@ -97,6 +97,23 @@ static SET_ROW_AT: TestLowering = TestLowering {
     },
 };
 
+/// [`SET_ROW_AT`] with its positions checked to lie in the cache (a failed check fails the
+/// run).
+static SET_ROW_AT_CHECKED: TestLowering = TestLowering {
+    op: "SetRowAtChecked",
+    safety: CompileSafety::ShapeKeyed,
+    lower: |ctx, node| {
+        let s = ctx.stream();
+        let (cache, pos) = (ctx.input(0)?.clone(), ctx.input(2)?.clone());
+        let len = mlx::ops::scalar(cache.shape()[1] as f64, pos.dtype(), s)?;
+        let zero = mlx::ops::scalar(0.0, pos.dtype(), s)?;
+        let inside =
+            mlx::ops::logical_and(&mlx::ops::greater_equal(&pos, &zero, s)?, &mlx::ops::less(&pos, &len, s)?, s)?;
+        ctx.check(&inside, "a position is outside the cache")?;
+        (SET_ROW_AT.lower)(ctx, node)
+    },
+};
+
 /// A shape-keyed reduction over axis 1 (reads the traced shape to drop the axis), which
 /// tells the decode slot it absorbs a growing axis 1.
 struct SumAxis1;

@@ -76,6 +76,63 @@ fn rows_at_data_positions_are_written_back_from_compiled_runs() {
     }
 }
 
+/// Several updates of several dtypes with a data check, in one compiled run: the rows are
+/// packed per dtype and the starts and the check's flag read at once, each update written
+/// from its own place in the packed rows; a failed check still fails the run.
+#[test]
+fn packed_rows_of_several_updates_and_dtypes_keep_each_update_apart() {
+    let _g = mlx::lock();
+    let registry = Registry::build(&[&SET_ROW_AT, &SET_ROW_AT_CHECKED]).unwrap();
+    let stats = Arc::new(SessionStats::default());
+    let mut nodes = Vec::new();
+    for (op, cache, row, out) in
+        [("SetRowAt", "a", "ra", "pa"), ("SetRowAtChecked", "b", "rb", "pb"), ("SetRowAt", "c", "rc", "pc")]
+    {
+        let mut n = node(op, [cache, row], out);
+        n.inputs.push(value("pos"));
+        nodes.push(n);
+    }
+    let inputs = ["a", "ra", "b", "rb", "c", "rc", "pos"];
+    let plan = make_plan(&registry, nodes, &inputs, &["pa", "pb", "pc"], vec![], &stats, true).unwrap();
+    let f32s = |v: &[f32], shape: &[i64]| Array::from_slice(v, shape).unwrap();
+    let halves = |v: &[f32], shape: &[i64]| {
+        let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+        Array::from_slice(&h, shape).unwrap()
+    };
+    let args = |pos: [i64; 2]| {
+        vec![
+            f32s(&[0.0; 8], &[2, 4, 1]),
+            f32s(&[1.0, 2.0], &[2, 1, 1]),
+            halves(&[0.0; 8], &[2, 4, 1]),
+            halves(&[3.0, 4.0], &[2, 1, 1]),
+            f32s(&[0.0; 8], &[2, 4, 1]),
+            f32s(&[5.0, 6.0], &[2, 1, 1]),
+            Array::from_slice(&pos, &[2]).unwrap(),
+        ]
+    };
+    let run = plan.run(args([1, 3])).unwrap();
+    assert_eq!(plan.mode(), Mode::ShapeKeyed, "stays compiled");
+    assert_eq!(run.write_backs.len(), 3);
+    let cpu = Stream::cpu().unwrap();
+    for (wb, (input, want)) in run.write_backs.iter().zip([(0, [1.0f32, 2.0]), (2, [3.0, 4.0]), (4, [5.0, 6.0])]) {
+        assert_eq!(wb.input, input);
+        let item = if input == 2 { 2 } else { 4 };
+        // Batch 0's row to position 1, batch 1's to position 3 (4 rows per batch).
+        assert_eq!(wb.chunks.iter().map(|c| c.1).collect::<Vec<_>>(), vec![item, (4 + 3) * item]);
+        let got: Vec<f32> = if input == 2 {
+            let bytes = wb.array.to_vec::<half::f16>(&cpu).unwrap();
+            wb.chunks.iter().map(|(r, _)| bytes[r.start / 2].to_f32()).collect()
+        } else {
+            let bytes = wb.array.to_vec::<f32>(&cpu).unwrap();
+            wb.chunks.iter().map(|(r, _)| bytes[r.start / 4]).collect()
+        };
+        assert_eq!(got, want, "update of input {input}");
+    }
+    let err = plan.run(args([1, 4])).err().expect("a position past the cache fails the run");
+    assert!(err.to_string().contains("a position is outside the cache"), "{err}");
+    assert_eq!(count(&stats.traces), 1, "one trace serves both runs");
+}
+
 /// `x [1, T]` -> `op` -> `y`, with `T` growing by one per run.
 fn growing_runs(lowering: &'static dyn Lowering, axes: bool) -> (Vec<Vec<f32>>, Arc<SessionStats>, Plan) {
     let registry = Registry::build(&[lowering, &MUL]).unwrap();
