@@ -18,6 +18,8 @@
 #            once per value of $COMPILE (default "1"; "0 1" runs eager first); each compiled
 #            graph's Graphviz text into $OUT/graphs-c$COMPILE/
 #   native   the native MLX floor alone, fp16 and fp32, eager and compiled
+#   report   the README's GPU figures in one call: both decoders (KV in the EP's memory, traced,
+#            the bare compiled graph), the native floor, the CNNs, the fp16 decoder growing
 #   cmd      the command in $GPU_CMD, in this environment (for one-off measurements)
 #   keep     the JIT kernel cache into $OUT/kernels.tar.gz (a later machine can carry it
 #            back: MLX_EP_KERNELS=path/kernels.tar.gz unpacks it before anything runs)
@@ -140,6 +142,34 @@ for s in "${sections[@]}"; do
             --json "/tmp/mlx-gpu/json/native-$p-$m.json"
         done
       done ;;
+    report)
+      # The README's GPU table in one call (about 450 s on a fresh machine): the decoders with
+      # the KV in the EP's memory (trace per run, the bare compiled graph), the native floor,
+      # the CNNs (second process: the bare compiled graph too), the fp16 decoder's growing KV.
+      for p in qwen2.5-0.5b-fp16 qwen2.5-0.5b; do
+        section "report: decoder $p, KV in the EP's memory"
+        ONNXRUNTIME_EP_MLX_VERBOSE=1 ONNXRUNTIME_EP_MLX_BARE_REPLAYS=20 ONNXRUNTIME_EP_MLX_TRACE=$out/trace-$p.json \
+          timed 200 "llm $p device" mlx-ep-run llm --preset "$p" --kv device --prompt 128 --steps 32 \
+          --json "/tmp/mlx-gpu/json/llm-$p-device.json" 2>&1 | grep -v "^  graph per run"
+        python3 gpu/trace_summary.py "$out/trace-$p.json"
+      done
+      for p in qwen2.5-0.5b-fp16 qwen2.5-0.5b; do
+        section "report: native MLX floor $p (eager)"
+        timed 90 "native $p" mlx-ep-bench native --preset "$p" --prompt 128 --steps 32 \
+          --json "/tmp/mlx-gpu/json/native-$p.json"
+      done
+      timed 60 export python3 gpu/cnn_models.py /tmp/mlx-gpu/models >/dev/null 2>&1
+      for m in ocr_det yolo_det; do
+        section "report: $m (first process, then a second with the kernels cached)"
+        timed 60 "$m" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 --json "/tmp/mlx-gpu/json/$m-1.json" \
+          | grep -E "first run|latency|  (CPU|MLX)ExecutionProvider: [0-9]|max abs"
+        ONNXRUNTIME_EP_MLX_VERBOSE=1 ONNXRUNTIME_EP_MLX_BARE_REPLAYS=20 timed 30 "$m again" mlx-ep-run run \
+          "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 --json "/tmp/mlx-gpu/json/$m-2.json" 2>&1 \
+          | grep -E "first run|  (CPU|MLX)ExecutionProvider: [0-9]|bare compiled"
+      done
+      section "report: decoder qwen2.5-0.5b-fp16, growing KV"
+      timed 90 "llm fp16 growing" mlx-ep-run llm --preset qwen2.5-0.5b-fp16 --kv growing --prompt 128 --steps 32 \
+        --json /tmp/mlx-gpu/json/llm-fp16-growing.json ;;
     cmd)
       section "command: $GPU_CMD"
       bash -c "$GPU_CMD" ;;

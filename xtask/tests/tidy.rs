@@ -47,8 +47,7 @@ fn every_rust_file_starts_with_a_module_header() {
 /// with their ceiling, which may only go down (split them rather than raise it).
 #[test]
 fn files_stay_within_their_size_budget() {
-    const OVER_BUDGET: &[(&str, usize)] =
-        &[("crates/ep-core/src/lowering.rs", 720), ("crates/ep-core/src/mlx/ops.rs", 680)];
+    const OVER_BUDGET: &[(&str, usize)] = &[("crates/ep-core/src/lowering.rs", 720)];
     let mut over = Vec::new();
     for (path, text) in rust_files() {
         let lines = text.lines().count();

@@ -15,6 +15,7 @@ pub mod device;
 mod dtype;
 mod fast;
 pub mod ops;
+mod slicing;
 mod stream;
 #[cfg(test)]
 mod tests;
