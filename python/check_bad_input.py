@@ -423,6 +423,7 @@ def shape_rule_cases():
             "DynamicQuantizeLinear", [("x", F, [None])], {"x": np.array(x, np.float32)}, n_out=3, opset=11)
     out.update(deep_run_cases())
     out.update(per_op_draw_cases())
+    out.update(third_seed_cases())
     return out
 
 
@@ -729,6 +730,40 @@ def per_op_draw_cases():
             {"x": np.zeros((2, 4, 0, 4), np.int8), "xs": f(0.5), "xz": i8(3), "w": np.ones((2, 2, 2, 2), np.int8),
              "ws": f(0.25), "wz": i8(0), "ys": f(1.0), "yz": i8(-2)}, opset=10, group=2, kernel_shape=[2, 2],
             strides=[2, 2], pads=[1, 1, 1, 1]),
+    }
+
+
+def third_seed_cases():
+    """The third deep run's findings (seed 20261206) fixed since."""
+    MS, I8, U8, I32, H = "com.microsoft", TensorProto.INT8, TensorProto.UINT8, TensorProto.INT32, TensorProto.FLOAT16
+    k = rand(1, 4, 32).astype(np.float16)
+    k[0, 3, 31] = np.inf
+    return {
+        "ConvInteger[a zero point per output channel]": case(
+            "ConvInteger", [("x", U8, [1, 2, 4, 4]), ("w", I8, [2, 2, 3, 3]), ("xz", U8, []), ("wz", I8, [None])],
+            {"x": np.full((1, 2, 4, 4), 7, np.uint8), "w": np.ones((2, 2, 3, 3), np.int8),
+             "xz": np.array(3, np.uint8), "wz": np.array([1, 2], np.int8)}, opset=10),
+        "MultiHeadAttention[attention_bias of one query row for three]": case(
+            "MultiHeadAttention",
+            [("q", F, [2, 3, 6]), ("k", F, [2, 5, 6]), ("v", F, [2, 5, 6]), None, None, ("ab", F, [1, 1, None, 5])],
+            {"q": rand(2, 3, 6), "k": rand(2, 5, 6), "v": rand(2, 5, 6), "ab": rand(1, 1, 1, 5)}, domain=MS,
+            num_heads=3),
+        "GroupQueryAttention[local_window_size past 32 bits]": case(
+            "GroupQueryAttention", [("qkv", F, [2, 4, 256]), None, None, None, None, ("sl", I32, [2]), ("tl", I32, [])],
+            {"qkv": rand(2, 4, 256), "sl": np.array([3, 2], np.int32), "tl": np.array(4, np.int32)}, n_out=3,
+            domain=MS, num_heads=4, kv_num_heads=2, local_window_size=-(1 << 40)),
+        "GroupQueryAttention[an infinite key outside the windows of other queries]": case(
+            "GroupQueryAttention",
+            [("q", H, [1, 4, 64]), ("k", H, [1, 4, 32]), ("v", H, [1, 4, 32]), ("pk", H, [1, 1, 3, 32]),
+             ("pv", H, [1, 1, 3, 32]), ("sl", I32, [1]), ("tl", I32, [])],
+            {"q": rand(1, 4, 64).astype(np.float16), "k": k, "v": rand(1, 4, 32).astype(np.float16),
+             "pk": rand(1, 1, 3, 32).astype(np.float16), "pv": rand(1, 1, 3, 32).astype(np.float16),
+             "sl": np.array([6], np.int32), "tl": np.array(7, np.int32)}, n_out=3, domain=MS, num_heads=2,
+            kv_num_heads=1, local_window_size=3),
+        "Conv[empty axis the pads fill, runtime weight and bias]": case(
+            "Conv", [("x", F, [1, 4, None, 6]), ("w", F, [2, 2, 2, 3]), ("b", F, [2])],
+            {"x": rand(1, 4, 0, 6), "w": rand(2, 2, 2, 3), "b": rand(2)}, opset=22, group=2, strides=[2, 2],
+            pads=[1, 1, 1, 1], kernel_shape=[2, 3]),
     }
 
 

@@ -74,6 +74,11 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if heads <= 0 || kv_heads <= 0 {
         return Err(Decline(format!("num_heads={heads} and kv_num_heads={kv_heads} must be positive")));
     }
+    // ORT reads the window as a 32-bit int (2^40 becomes 0): left to it past that range.
+    let window = node.attr_int("local_window_size", -1)?;
+    if i32::try_from(window).is_err() {
+        return Err(Decline(format!("local_window_size={window} is outside 32 bits")));
+    }
     if node.attr_int("do_rotary", 0)? == 1 && (node.input(7).is_none() || node.input(8).is_none()) {
         return Err(Decline::new("do_rotary needs cos_cache and sin_cache"));
     }
@@ -389,13 +394,11 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         }
     }
     let (qf, kf, vf) = (f32(&q)?, f32(&present_k)?, f32(&present_v)?);
-    let y = if softcap <= 0.0 && !sink {
-        let neg_inf = ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?;
-        let mut mask = ops::where_(&allowed, &ops::scalar(0.0, Dtype::F32, s)?, &neg_inf, s)?;
-        if let Some(b) = &bias {
-            mask = ops::add(&mask, b, s)?;
-        }
-        ops::scaled_dot_product_attention(&qf, &kf, &vf, scale, Some(&mask), false, s)?
+    // A boolean mask: MLX replaces the scores of keys not seen (an additive -inf would make a
+    // masked key's infinite score NaN, where ORT never computes that score). With a bias the
+    // scores are masked after it is added, below.
+    let y = if softcap <= 0.0 && !sink && bias.is_none() {
+        ops::scaled_dot_product_attention(&qf, &kf, &vf, scale, Some(&allowed), false, s)?
     } else {
         let reps = heads / kv_heads;
         let (kr, vr) = (heads::repeat(&kf, reps, s)?, heads::repeat(&vf, reps, s)?);

@@ -159,6 +159,15 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     // The additive term, as ORT builds it: the attention bias plus the padding mask
     // (mask_filter_value where a key is masked), then the causal frontier at the lowest float.
     let mut add: Option<Array> = ctx.optional_input(5).map(f32).transpose()?;
+    // As ORT's CPU EP: the bias is [B or 1, heads or 1, S, T] (its last two axes do not
+    // broadcast).
+    if let Some(b) = &add {
+        let bs = b.shape();
+        let fits = |d: i64, n: i64| d == n || d == 1;
+        if bs.len() != 4 || !fits(bs[0], batch) || !fits(bs[1], heads) || bs[2] != q_len || bs[3] != total {
+            bail!("attention_bias {bs:?} must be [{batch} or 1, {heads} or 1, {q_len}, {total}]");
+        }
+    }
     if let Some(mask) = ctx.optional_input(4) {
         let keep = keep_keys(mask, batch, q_len, total, s)?;
         let filter = node.attr_float("mask_filter_value", -10000.0)? as f64;

@@ -112,7 +112,15 @@ fn lower_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let w = Window::of(node, &xs[2..], kernel.clone(), false)?;
     check_bias(ctx.optional_input(2), ws[0])?;
     if let Some(shape) = empty_conv(&xs, &ws, &w)? {
-        return Ok(vec![ops::full(&shape, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?]);
+        let zeros = ops::full(&shape, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?;
+        return Ok(vec![match ctx.optional_input(2) {
+            Some(b) => {
+                let mut bshape = vec![1, ws[0]];
+                bshape.resize(shape.len(), 1);
+                ops::add(&zeros, &ops::reshape(&ops::astype(b, x.dtype(), s)?, &bshape, s)?, s)?
+            }
+            None => zeros,
+        }]);
     }
     let (cpg, mpg) = (xs[1] / groups, ws[0] / groups);
     if groups > 1 && cpg == 1 && mpg == 1 {

@@ -128,6 +128,14 @@ fn integer_conv(
 
 fn lower_conv_integer(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
+    // As ORT's CPU EP: one zero point each (per-channel ones are refused there).
+    for (i, what) in [(2, "x_zero_point"), (3, "w_zero_point")] {
+        if let Some(z) = ctx.optional_input(i)
+            && (z.ndim() > 1 || z.size() != 1)
+        {
+            bail!("{what} of shape {:?} must be a scalar or one element", z.shape());
+        }
+    }
     let y = integer_conv(node, ctx.input(0)?, ctx.input(1)?, ctx.optional_input(2), ctx.optional_input(3), s)?;
     Ok(vec![y])
 }

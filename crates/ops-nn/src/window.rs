@@ -132,14 +132,17 @@ impl Window {
 }
 
 /// For a convolution of `x` `[N, C, *spatial]` by `w` `[M, C/group, *kernel]`: an error when the
-/// input has no channels or an empty spatial axis (as ORT's CPU EP refuses them), and
-/// `Some(shape)` of the empty output when the batch or the output channels are 0 (MLX's CPU
-/// convolution hands BLAS zero-sized matrices, which ends the process).
+/// input has no channels, or an empty spatial axis whose padding leaves no output (as ORT's
+/// CPU EP refuses them), and `Some(shape)` of an all-zero output (before any bias) when the
+/// batch or the output channels are 0 (MLX's CPU convolution hands BLAS zero-sized matrices,
+/// which ends the process) or when an empty spatial axis is padded to a window (every
+/// product is with padding: the convolution is 0, as ONNX defines it and as ORT's CPU EP
+/// answers with a runtime weight).
 pub fn empty_conv(xs: &[i64], ws: &[i64], w: &Window) -> Result<Option<Vec<i64>>> {
-    if xs[1] == 0 || xs[2..].contains(&0) {
+    if xs[1] == 0 || (xs[2..].contains(&0) && w.out.iter().any(|&o| o < 1)) {
         bail!("invalid input shape {xs:?}: no channels or an empty spatial axis");
     }
-    if xs[0] == 0 || ws[0] == 0 {
+    if xs[0] == 0 || ws[0] == 0 || xs[2..].contains(&0) {
         return Ok(Some([vec![xs[0], ws[0]], w.out.clone()].concat()));
     }
     Ok(None)

@@ -199,6 +199,25 @@ pub const CPU_ANSWER_WRONG: &[(&str, &str, &str)] = &[
          [2^31, -1, 2^31]; 2^31 - 1 and 2^40 are right)",
     ),
     (
+        "chain:dynamic-quant-matmul",
+        "nan-inf",
+        "the chain starts with DynamicQuantizeLinear, whose range of an all-NaN input the CPU EP derives \
+         by its length (see DynamicQuantizeLinear): NaN scales there, scale 1 in the MLX EP",
+    ),
+    (
+        "Min",
+        "huge-shape-value",
+        "the CPU EP takes the min of int64 against exactly 2^31 wrongly (Min([9, 9, 9], [2^31, 1, 2^40]) \
+         gives [2^31, 1, 9]), as its Clip does",
+    ),
+    (
+        "ReduceMin",
+        "nan-inf",
+        "the CPU EP's float min has no fixed answer for NaN: ReduceMin of [[-1.5, NaN], [-1.8, 0.3], \
+         [0.2, 0.1]] gives -1.8, of [[NaN, -1.5], ...] NaN, and a NaN inside a vectorized span a partial \
+         min; the MLX EP passes NaN over",
+    ),
+    (
         "ai.onnx.ml:Normalizer",
         "index-out-of-range",
         "the CPU EP squares integers in their own type, which overflows (an int64 of 2^40 squares past \
@@ -215,12 +234,21 @@ pub const CPU_ANSWER_WRONG: &[(&str, &str, &str)] = &[
 /// Answers where ORT's CPU EP refuses input that ONNX's definition and its reference
 /// implementation accept: `(op, text of the CPU EP's error, why)`; counted as *lenient*. The
 /// only answers to a CPU EP error that are excused.
-pub const ONNX_WHERE_CPU_REFUSES: &[(&str, &str, &str)] = &[(
-    "Attention",
-    "inconsistent total_sequence_length (between attn_mask",
-    "a mask shorter than the keys: ONNX's reference implementation pads it with -inf (False), and so \
-     does the MLX EP; ORT 1.31's CPU EP refuses it",
-)];
+pub const ONNX_WHERE_CPU_REFUSES: &[(&str, &str, &str)] = &[
+    (
+        "Conv",
+        "Invalid input shape",
+        "an empty spatial axis padded to a window with a constant weight and a bias: every product is \
+         with padding, so ONNX's result is the bias, which the MLX EP answers, as the CPU EP does for a \
+         runtime weight; with a constant weight the CPU EP refuses the shape",
+    ),
+    (
+        "Attention",
+        "inconsistent total_sequence_length (between attn_mask",
+        "a mask shorter than the keys: ONNX's reference implementation pads it with -inf (False), and so \
+         does the MLX EP; ORT 1.31's CPU EP refuses it",
+    ),
+];
 
 /// Turns a spurious error into [`Class::Lenient`] where [`CPU_LENIENT`] says the CPU EP is the
 /// lenient one for this op and mutation, a different answer where [`ONNX_OVER_CPU`] says the
