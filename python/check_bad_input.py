@@ -760,6 +760,11 @@ def third_seed_cases():
              "pk": rand(1, 1, 3, 32).astype(np.float16), "pv": rand(1, 1, 3, 32).astype(np.float16),
              "sl": np.array([6], np.int32), "tl": np.array(7, np.int32)}, n_out=3, domain=MS, num_heads=2,
             kv_num_heads=1, local_window_size=3),
+        "Resize[shrinking beside a NaN]": case(
+            "Resize", [("x", F, [1, 1, 3, 4]), None, ("sc", F, [4])],
+            {"x": np.where(np.arange(12).reshape(1, 1, 3, 4) == 10, np.nan, rand(1, 1, 3, 4)).astype(np.float32),
+             "sc": np.array([1, 1, 1 / 3, 0.25], np.float32)}, opset=19, mode="linear",
+            coordinate_transformation_mode="half_pixel_symmetric"),
         "Conv[empty axis the pads fill, runtime weight and bias]": case(
             "Conv", [("x", F, [1, 4, None, 6]), ("w", F, [2, 2, 2, 3]), ("b", F, [2])],
             {"x": rand(1, 4, 0, 6), "w": rand(2, 2, 2, 3), "b": rand(2)}, opset=22, group=2, strides=[2, 2],

@@ -164,7 +164,10 @@ fn plan_axis(
                 let i0 = x.floor() as i64;
                 let i1 = (i0 + 1).min(last);
                 // Where both taps are the last element, half of each, as ORT's CPU EP weighs them
-                // (the same value, but an infinity stays one instead of inf * 0).
+                // (the same value, but an infinity stays one instead of inf * 0). Shrinking,
+                // ORT's CPU EP reads only the taps strictly within one of the position, so a
+                // whole position reads its own element alone (a NaN beside it stays out).
+                let i1 = if scale < 1.0 && x == i0 as f64 { i0 } else { i1 };
                 let t = if i1 == i0 { 0.5 } else { x - i0 as f64 };
                 plan.taps = 2;
                 plan.indices.extend([i0, i1]);
