@@ -739,10 +739,10 @@ def third_seed_cases():
     k = rand(1, 4, 32).astype(np.float16)
     k[0, 3, 31] = np.inf
     return {
-        "ConvInteger[a zero point per output channel]": case(
-            "ConvInteger", [("x", U8, [1, 2, 4, 4]), ("w", I8, [2, 2, 3, 3]), ("xz", U8, []), ("wz", I8, [None])],
+        "ConvInteger[an input zero point of two elements]": case(
+            "ConvInteger", [("x", U8, [1, 2, 4, 4]), ("w", I8, [2, 2, 3, 3]), ("xz", U8, [None]), ("wz", I8, [])],
             {"x": np.full((1, 2, 4, 4), 7, np.uint8), "w": np.ones((2, 2, 3, 3), np.int8),
-             "xz": np.array(3, np.uint8), "wz": np.array([1, 2], np.int8)}, opset=10),
+             "xz": np.array([3, 4], np.uint8), "wz": np.array(1, np.int8)}, opset=10),
         "MultiHeadAttention[attention_bias of one query row for three]": case(
             "MultiHeadAttention",
             [("q", F, [2, 3, 6]), ("k", F, [2, 5, 6]), ("v", F, [2, 5, 6]), None, None, ("ab", F, [1, 1, None, 5])],
