@@ -145,3 +145,49 @@ pub(crate) fn rotate_leading_heads(
     let y = ops::where_(&tables[3], &ops::astype(&turned, x.dtype(), s)?, &x5, s)?;
     Ok(ops::reshape(&y, &shape, s)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed.wrapping_mul(40_503));
+                (x >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Whole heads rotated in place equal the cut-and-rotate form on the rotated heads, in both
+    /// pair layouts and in float16, and the heads after them pass through bit for bit (an
+    /// infinity and a NaN there included).
+    #[test]
+    fn whole_heads_rotated_in_place_equal_the_cut_form_and_pass_the_rest_through() {
+        let s = Stream::cpu().unwrap();
+        let (b, n, seq, head, rotated) = (2i64, 5i64, 3i64, 8i64, 3i64);
+        let mut x = values((b * n * seq * head) as usize, 1);
+        // A value head's infinity and NaN (head 4 of batch 0).
+        let at = |h: i64, t: i64, f: i64| ((h * seq + t) * head + f) as usize;
+        x[at(4, 1, 2)] = f32::INFINITY;
+        x[at(4, 2, 5)] = f32::NAN;
+        let cos = Array::from_slice(&values((b * seq * head / 2) as usize, 2), &[b, 1, seq, head / 2]).unwrap();
+        let sin = Array::from_slice(&values((b * seq * head / 2) as usize, 3), &[b, 1, seq, head / 2]).unwrap();
+        for dtype in [Dtype::F32, Dtype::F16] {
+            for interleaved in [false, true] {
+                let xa = ops::astype(&Array::from_slice(&x, &[b, n, seq, head]).unwrap(), dtype, &s).unwrap();
+                let mut ctx = LowerCtx::new(Vec::new(), &s, &s);
+                let got =
+                    rotate_leading_heads(&mut ctx, &xa, (&cos, &sin), rotated, interleaved, &[], "t", &s).unwrap();
+                let front = heads::part(&xa, 0, rotated, 1, false, &s).unwrap();
+                let want_front = rotate(&front, &cos, &sin, interleaved, false, &s).unwrap();
+                let got_front = heads::part(&got, 0, rotated, 1, false, &s).unwrap();
+                let f32s = |a: &Array| ops::astype(a, Dtype::F32, &s).unwrap().to_vec::<f32>(&s).unwrap();
+                assert_eq!(f32s(&got_front), f32s(&want_front), "{dtype:?} interleaved={interleaved}");
+                let rest = |a: &Array| f32s(&heads::part(a, rotated, n - rotated, 1, false, &s).unwrap());
+                let (g, w) = (rest(&got), rest(&xa));
+                assert!(g.iter().zip(&w).all(|(a, b)| a.to_bits() == b.to_bits()), "{dtype:?} {interleaved}");
+            }
+        }
+    }
+}
