@@ -187,13 +187,12 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let to_heads = |a: &Array, n: i64| -> Result<Array> {
         if g.seq == 1 { Ok(ops::reshape(a, &[g.batch, n, 1, g.head], s)?) } else { heads::split(a, n, s) }
     };
-    // The query heads (packed: with the key heads after them, so that rotary runs once over
-    // both), the key heads apart (not packed) and the value heads.
+    // Packed: every head in one array (cut into query, key and value heads once rotary is
+    // done); apart: the three inputs' heads.
     let all = if packed { Some(to_heads(query, width)?) } else { None };
-    let (mut qk, mut k_apart, mut v) = if let Some(all) = &all {
-        (part(all, 0, heads + kv_heads)?, None, part(all, heads + kv_heads, kv_heads)?)
-    } else {
-        (to_heads(query, heads)?, Some(to_heads(ctx.input(1)?, kv_heads)?), to_heads(ctx.input(2)?, kv_heads)?)
+    let apart = match &all {
+        Some(_) => None,
+        None => Some([to_heads(query, heads)?, to_heads(ctx.input(1)?, kv_heads)?, to_heads(ctx.input(2)?, kv_heads)?]),
     };
 
     let past_k = ctx.optional_input(3).cloned();
@@ -238,12 +237,12 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     })?;
     let (seqlens, t_b, past_b) = (lengths[0].clone(), lengths[1].clone(), lengths[2].clone());
 
-    if node.attr_int("do_rotary", 0)? == 1 {
-        let interleaved = node.attr_int("rotary_interleaved", 0)? == 1;
+    let interleaved = node.attr_int("rotary_interleaved", 0)? == 1;
+    let angles = if node.attr_int("do_rotary", 0)? == 1 {
         // The angles of every position: the same for every layer of a decoder (same lengths,
         // same caches), so built once per graph.
         let tag = format!("GroupQueryAttention angles b={} s={} first={first_prompt}", g.batch, g.seq);
-        let angles = ctx.shared(&[5, 7, 8, 9], &tag, |ctx| {
+        Some(ctx.shared(&[5, 7, 8, 9], &tag, |ctx| {
             let steps = ops::reshape(&ops::arange(0.0, g.seq as f64, 1.0, Dtype::I32, s)?, &[1, g.seq], s)?;
             let positions = match ctx.optional_input(9) {
                 Some(ids) if first_prompt => {
@@ -257,39 +256,34 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             let (cos_cache, sin_cache) = (ctx.input(7)?.clone(), ctx.input(8)?.clone());
             let (cos, sin) = rotary::angles(ctx, &cos_cache, &sin_cache, &positions, s)?;
             Ok(vec![cos, sin])
-        })?;
-        let (cos, sin) = (&angles[0], &angles[1]);
-        match &all {
-            // Packed heads rotated whole: the query and key heads in place, the value heads
-            // passed through, with no cutting before the rotation.
-            Some(all) if 2 * cos.shape()[3] == g.head => {
-                let tag = format!("GroupQueryAttention b={} s={} first={first_prompt}", g.batch, g.seq);
-                let turned = (cos, sin);
-                let all = rotary::rotate_leading_heads(
-                    ctx,
-                    all,
-                    turned,
-                    heads + kv_heads,
-                    interleaved,
-                    &[5, 7, 8, 9],
-                    &tag,
-                    s,
-                )?;
-                qk = part(&all, 0, heads)?;
-                k_apart = Some(part(&all, heads, kv_heads)?);
-                v = part(&all, heads + kv_heads, kv_heads)?;
-            }
-            _ => {
-                // Rounded back to the model's type, as the cache holds them.
-                let rotate = |x: &Array| rotary::rotate(x, cos, sin, interleaved, shapeless, s);
-                qk = rotate(&qk)?;
-                k_apart = k_apart.as_ref().map(rotate).transpose()?;
-            }
+        })?)
+    } else {
+        None
+    };
+    // Rotated in float32 and rounded back to the model's type, as the cache holds them.
+    let rotate = |x: &Array, a: &[Array]| rotary::rotate(x, &a[0], &a[1], interleaved, shapeless, s);
+    let (q, k, v) = match (apart, all) {
+        (Some([q, k, v]), _) => match &angles {
+            Some(a) => (rotate(&q, a)?, rotate(&k, a)?, v),
+            None => (q, k, v),
+        },
+        (None, all) => {
+            let all = all.ok_or_else(|| Error::new("the query holds no packed heads"))?;
+            let v = part(&all, heads + kv_heads, kv_heads)?;
+            let qk = match &angles {
+                // Whole heads: the query and key heads rotated in place, the value heads passed
+                // through, with no cutting before the rotation.
+                Some(a) if 2 * a[0].shape()[3] == g.head => {
+                    let tag = format!("GroupQueryAttention b={} s={} first={first_prompt}", g.batch, g.seq);
+                    let (turned, of) = ((&a[0], &a[1]), [5, 7, 8, 9]);
+                    rotary::rotate_leading_heads(ctx, &all, turned, heads + kv_heads, interleaved, &of, &tag, s)?
+                }
+                // Part of each head: the query and key heads cut and rotated together.
+                Some(a) => rotate(&part(&all, 0, heads + kv_heads)?, a)?,
+                None => all,
+            };
+            (part(&qk, 0, heads)?, part(&qk, heads, kv_heads)?, v)
         }
-    }
-    let (q, k) = match k_apart {
-        Some(k) => (qk, k),
-        None => (part(&qk, 0, heads)?, part(&qk, heads, kv_heads)?),
     };
     if let (true, Some(pk), Some(pv)) = (ctx.shapeless() && past_len + g.seq == total, &past_k, &past_v) {
         return decode_step(ctx, node, &g, (&q, &k, &v), (pk, pv), &past_b);

@@ -190,14 +190,14 @@ fn pack_rows(rows_at: &[PendingRows], s: &Stream) -> Result<(Vec<usize>, Vec<Arr
             dtypes.len() - 1
         });
         group_of.push(g);
-        members[g].push(ops::flatten(&ops::contiguous(&p.rows, s)?, s)?);
+        // (`write_rows_at` made the rows contiguous and the starts `[B]` int32.)
+        members[g].push(ops::flatten(&p.rows, s)?);
     }
     let cat = |parts: &[Array]| -> Result<Array> {
         Ok(if parts.len() == 1 { parts[0].clone() } else { ops::concatenate(parts, 0, s)? })
     };
     let mut packed: Vec<Array> = members.iter().map(|m| cat(m)).collect::<Result<_>>()?;
-    let starts: Vec<Array> =
-        rows_at.iter().map(|p| Ok(ops::flatten(&ops::astype(&p.starts, Dtype::I32, s)?, s)?)).collect::<Result<_>>()?;
+    let starts: Vec<Array> = rows_at.iter().map(|p| p.starts.clone()).collect();
     packed.push(cat(&starts)?);
     Ok((group_of, packed))
 }
