@@ -22,6 +22,8 @@ pub fn families() -> Vec<ep_core::registry::Family> {
         ops_controlflow::link(),
         #[cfg(feature = "ml")]
         ops_ml::link(),
+        #[cfg(feature = "recurrent")]
+        ops_recurrent::link(),
     ]
 }
 
