@@ -24,6 +24,8 @@ pub fn families() -> Vec<ep_core::registry::Family> {
         ops_ml::link(),
         #[cfg(feature = "recurrent")]
         ops_recurrent::link(),
+        #[cfg(feature = "signal")]
+        ops_signal::link(),
     ]
 }
 
