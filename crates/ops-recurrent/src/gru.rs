@@ -52,13 +52,13 @@ impl Cell for Gru {
 
 fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     sequence::claim::<Gru>(node, 6)?;
-    node.attr_int("linear_before_reset", 0)?;
+    sequence::flag(node, "linear_before_reset").map_err(Decline)?;
     Ok(())
 }
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let attrs = sequence::Attributes::read::<Gru>(node).map_err(ep_core::Error::new)?;
-    let linear_before_reset = node.attr_int("linear_before_reset", 0).map_err(ep_core::Error::new)? != 0;
+    let linear_before_reset = sequence::flag(node, "linear_before_reset").map_err(ep_core::Error::new)?;
     sequence::run(&Gru { linear_before_reset }, ctx, &attrs, &[5], None)
 }
 

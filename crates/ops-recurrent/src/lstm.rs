@@ -42,13 +42,13 @@ impl Cell for Lstm {
 
 fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     sequence::claim::<Lstm>(node, 8)?;
-    node.attr_int("input_forget", 0)?;
+    sequence::flag(node, "input_forget").map_err(Decline)?;
     Ok(())
 }
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let attrs = sequence::Attributes::read::<Lstm>(node).map_err(ep_core::Error::new)?;
-    let input_forget = node.attr_int("input_forget", 0).map_err(ep_core::Error::new)? != 0;
+    let input_forget = sequence::flag(node, "input_forget").map_err(ep_core::Error::new)?;
     sequence::run(&Lstm { input_forget }, ctx, &attrs, &[5, 6], Some(7))
 }
 

@@ -132,6 +132,16 @@ fn directions(node: &NodeInfo) -> std::result::Result<Vec<bool>, String> {
     }
 }
 
+/// A 0/1 attribute (GRU's `linear_before_reset`, LSTM's `input_forget`): ORT's CPU EP takes
+/// any 32-bit value, nonzero meaning set, and refuses one past 32 bits, as the MLX EP does.
+pub(crate) fn flag(node: &NodeInfo, name: &str) -> std::result::Result<bool, String> {
+    let v = node.attr_int(name, 0)?;
+    if i32::try_from(v).is_err() {
+        return Err(format!("{name}={v} does not fit 32 bits"));
+    }
+    Ok(v != 0)
+}
+
 /// The attributes every recurrent op has, read and checked.
 pub(crate) struct Attributes {
     pub hidden: i64,
@@ -147,8 +157,8 @@ pub(crate) struct Attributes {
 impl Attributes {
     pub fn read<C: Cell>(node: &NodeInfo) -> std::result::Result<Attributes, String> {
         let hidden = node.attr_int("hidden_size", 0)?;
-        if hidden <= 0 {
-            return Err(format!("hidden_size={hidden}: {} needs a positive hidden_size", C::OP));
+        if hidden <= 0 || i32::try_from(hidden).is_err() {
+            return Err(format!("hidden_size={hidden}: {} needs a positive 32-bit hidden_size", C::OP));
         }
         let reverse = directions(node)?;
         let names: Vec<String> = match node.attr("activations") {
@@ -409,7 +419,10 @@ pub(crate) fn run<C: Cell>(
         } else {
             ops::stack(&outs, 0, s)?
         });
-        if let (Some(lens), true) = (&lens, C::EMPTY_ENDS_AT_ZERO) {
+        if t == 0 {
+            // No step at all: ORT's CPU EP ends every op at zero states, initial ones or not.
+            states = vec![zeros.clone(); states.len()];
+        } else if let (Some(lens), true) = (&lens, C::EMPTY_ENDS_AT_ZERO) {
             let started = ops::greater(lens, &ops::scalar(0.0, Dtype::I32, s)?, s)?;
             states =
                 states.iter().map(|st| ops::where_(&started, st, &zeros, s)).collect::<std::result::Result<_, _>>()?;

@@ -128,6 +128,27 @@ pub const CPU_LENIENT: &[(&str, &[&str], &str, &str)] = &[
          so the EP refuses it by name where the CPU EP answers the empty tensor",
     ),
     (
+        "DFT",
+        &["index-out-of-range", "huge-shape-value"],
+        "dft_length 0 is not positive",
+        "the CPU EP answers an empty spectrum for dft_length 0, which ONNX's reference implementation \
+         refuses, as the MLX EP does",
+    ),
+    (
+        "DFT",
+        &["index-out-of-range", "huge-shape-value"],
+        "the MLX EP computes at most",
+        "a transform of more points than the MLX EP's limit (it multiplies by a dense transform \
+         matrix): a run-time dft_length past it is refused by name (a static signal axis past it is \
+         left to the CPU EP when the model is loaded)",
+    ),
+    (
+        "STFT",
+        SHAPES,
+        "it must be one axis",
+        "the CPU EP takes a window of any rank and reads its first dimension as the frame length",
+    ),
+    (
         "com.microsoft:GatherBlockQuantized",
         &["index-out-of-range", "huge-shape-value"],
         "indices out of range",
@@ -218,6 +239,42 @@ pub const CPU_ANSWER_WRONG: &[(&str, &str, &str)] = &[
          min; the MLX EP passes NaN over",
     ),
     (
+        "LSTM",
+        "nan-inf",
+        "the CPU EP drops a NaN in R: with hidden_size 1 its outputs stay finite even at steps where the \
+         hidden state that multiplies the NaN is nonzero; the MLX EP answers NaN there, as ONNX's \
+         reference implementation does",
+    ),
+    (
+        "RNN",
+        "nan-inf",
+        "the CPU EP drops NaN and infinities: its HardSigmoid passes NaN over as 0, and with no \
+         initial state it leaves the first step's recurrent product out, so a NaN or infinite R does \
+         not reach that step (R = inf gives finite first outputs); the MLX EP propagates them, as ONNX's \
+         reference implementation does",
+    ),
+    (
+        "GRU",
+        "nan-inf",
+        "the CPU EP drops NaN and infinities as its RNN does (an infinite or NaN entry of R or B ends as \
+         0 or 1 where ONNX's reference implementation answers NaN); the MLX EP answers NaN, as the \
+         reference does",
+    ),
+    (
+        "STFT",
+        "nan-inf",
+        "an infinite input: the CPU EP answers NaN in every bin of the frame; ONNX's reference (NumPy's \
+         FFT) gives infinite parts, as the MLX EP does, and the MLX EP's product with the transform \
+         matrix gives NaN where a zero twiddle factor meets the infinity",
+    ),
+    (
+        "DFT",
+        "nan-inf",
+        "an infinite input: the CPU EP answers NaN in every bin; ONNX's reference (NumPy's FFT) gives \
+         infinite real parts, as the MLX EP does, and the MLX EP's product with the transform matrix \
+         gives NaN where a zero twiddle factor meets the infinity",
+    ),
+    (
         "ai.onnx.ml:Normalizer",
         "index-out-of-range",
         "the CPU EP squares integers in their own type, which overflows (an int64 of 2^40 squares past \
@@ -247,6 +304,13 @@ pub const ONNX_WHERE_CPU_REFUSES: &[(&str, &str, &str)] = &[
         "an empty spatial axis padded to a window with a constant weight and a bias: every product is \
          with padding, so ONNX's result is the bias, which the MLX EP answers, as the CPU EP does for a \
          runtime weight; with a constant weight the CPU EP refuses the shape",
+    ),
+    (
+        "DFT",
+        "DFT input signal dimension must be greater than zero",
+        "an empty signal axis with a dft_length: ONNX zero-pads the signal to dft_length, so the \
+         spectrum is zeros, as the MLX EP and ONNX's reference implementation answer; ORT 1.31's CPU EP \
+         refuses it",
     ),
     (
         "Attention",
