@@ -20,6 +20,8 @@
 #   native   the native MLX floor alone, fp16 and fp32, eager and compiled
 #   report   the README's GPU figures in one call: both decoders (KV in the EP's memory, traced,
 #            the bare compiled graph), the native floor, the CNNs, the fp16 decoder growing
+#   coldstart first runs on an empty kernel cache and in a second process, per compile mode
+#            ($MODES: fuse0 eager fuse1): the CNNs and the fp16 decoder
 #   cmd      the command in $GPU_CMD, in this environment (for one-off measurements)
 #   keep     the JIT kernel cache into $OUT/kernels.tar.gz (a later machine can carry it
 #            back: MLX_EP_KERNELS=path/kernels.tar.gz unpacks it before anything runs)
@@ -170,6 +172,33 @@ for s in "${sections[@]}"; do
       section "report: decoder qwen2.5-0.5b-fp16, growing KV"
       timed 90 "llm fp16 growing" mlx-ep-run llm --preset qwen2.5-0.5b-fp16 --kv growing --prompt 128 --steps 32 \
         --json /tmp/mlx-gpu/json/llm-fp16-growing.json ;;
+    coldstart)
+      # First runs on an empty kernel cache (MLX's and the CUDA driver's, fresh per mode), then
+      # a second process, per compile mode: $MODES (default "fuse0 eager fuse1"): compiled
+      # without fused kernels, eager, compiled with them (MLX's default). $LLM=0 skips the decoder.
+      timed 60 export python3 gpu/cnn_models.py /tmp/mlx-gpu/models >/dev/null 2>&1
+      for mode in ${MODES:-fuse0 eager fuse1}; do
+        case $mode in
+          fuse0) env_set=(ONNXRUNTIME_EP_MLX_FUSE=0) ;;
+          eager) env_set=(ONNXRUNTIME_EP_MLX_COMPILE=0) ;;
+          *) env_set=(ONNXRUNTIME_EP_MLX_FUSE=1) ;;
+        esac
+        rm -rf "/tmp/mlx-cold-$mode" "/tmp/nv-cold-$mode"
+        env_set+=(ONNXRUNTIME_EP_MLX_KERNEL_CACHE="/tmp/mlx-cold-$mode" CUDA_CACHE_PATH="/tmp/nv-cold-$mode")
+        for m in ocr_det yolo_det; do
+          section "coldstart $mode: $m (empty kernel cache, then a second process)"
+          env "${env_set[@]}" timed 150 "$mode $m" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 \
+            --json "/tmp/mlx-gpu/json/cold-$mode-$m-1.json" | grep -E "first run|  (CPU|MLX)ExecutionProvider: [0-9]|max abs"
+          env "${env_set[@]}" timed 60 "$mode $m again" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 \
+            --json "/tmp/mlx-gpu/json/cold-$mode-$m-2.json" | grep -E "first run|  (CPU|MLX)ExecutionProvider: [0-9]"
+        done
+        if [ "${LLM:-1}" = 1 ]; then
+          section "coldstart $mode: fp16 decoder, KV in the EP's memory (empty kernel cache)"
+          env "${env_set[@]}" timed 240 "$mode llm fp16" mlx-ep-run llm --preset qwen2.5-0.5b-fp16 --kv device \
+            --prompt 128 --steps 32 --json "/tmp/mlx-gpu/json/cold-$mode-llm-fp16.json"
+        fi
+        echo "kernel cache $mode: $(find "/tmp/mlx-cold-$mode" -type f 2>/dev/null | wc -l) files, $(du -sh "/tmp/mlx-cold-$mode" 2>/dev/null | cut -f1)"
+      done ;;
     cmd)
       section "command: $GPU_CMD"
       bash -c "$GPU_CMD" ;;

@@ -131,6 +131,15 @@ pub const COMPILE: Setting = Setting {
     doc: "run partitions through `mlx_compile`d closures; `0` runs every partition eagerly",
 };
 
+pub const FUSE: Setting = Setting {
+    key: Some("fuse"),
+    env: "ONNXRUNTIME_EP_MLX_FUSE",
+    kind: Kind::Switch,
+    default: "1",
+    process_wide: true,
+    doc: "let `mlx_compile` fuse chains of elementwise ops into generated kernels; on CUDA each fused kernel is compiled with NVRTC the first time it runs (minutes for a decoder on an empty kernel cache). `0` keeps compiled closures without fused kernels. Settled by the first session",
+};
+
 pub const MEMORY_LIMIT: Setting = Setting {
     key: Some("memory_limit"),
     env: "ONNXRUNTIME_EP_MLX_MEMORY_LIMIT",
@@ -244,6 +253,7 @@ pub const ALL: &[&Setting] = &[
     &DEVICE,
     &TF32,
     &COMPILE,
+    &FUSE,
     &MEMORY_LIMIT,
     &CACHE_LIMIT,
     &COMPILED_CACHE,
@@ -276,6 +286,8 @@ pub struct Options {
     /// `None` when neither the option nor the variable says (the process settles it off).
     pub tf32: Option<bool>,
     pub compile: bool,
+    /// `None` when neither the option nor the variable says (MLX's default: fused).
+    pub fuse: Option<bool>,
     pub memory_limit: Option<u64>,
     pub cache_limit: Option<u64>,
     /// Whether `cache_limit` was given (option or variable) rather than the default.
@@ -328,6 +340,7 @@ impl Options {
             device,
             tf32: explicit(&TF32)?.and_then(|v| parse_switch(&v)),
             compile: switch(&COMPILE)?,
+            fuse: explicit(&FUSE)?.and_then(|v| parse_switch(&v)),
             memory_limit: bytes(&MEMORY_LIMIT)?,
             cache_limit: bytes(&CACHE_LIMIT)?,
             cache_limit_explicit: explicit(&CACHE_LIMIT)?.is_some(),
@@ -401,13 +414,14 @@ mod tests {
     fn an_unknown_key_is_an_error_naming_it_and_the_known_ones() {
         let e = resolve(&[("ep.mlxexecutionprovider.compiel", "0")]).unwrap_err().to_string();
         assert!(e.contains("unknown option 'compiel'"), "{e}");
-        assert!(e.contains("compile, memory_limit"), "{e}");
+        assert!(e.contains("compile, fuse, memory_limit"), "{e}");
     }
 
     #[test]
     fn a_bad_value_is_an_error_naming_the_option_and_what_it_takes() {
         for (key, value, expect) in [
             ("compile", "maybe", "1/0, true/false"),
+            ("fuse", "sometimes", "1/0, true/false"),
             ("memory_limit", "lots", "byte count"),
             ("memory_limit", "-5", "byte count"),
             ("memory_limit", "99999999999999999999G", "byte count"),

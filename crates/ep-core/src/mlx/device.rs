@@ -19,9 +19,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 struct Settled {
     device: Option<Device>,
     tf32: Option<bool>,
+    fuse: Option<bool>,
 }
 
-static SETTLED: Mutex<Settled> = Mutex::new(Settled { device: None, tf32: None });
+static SETTLED: Mutex<Settled> = Mutex::new(Settled { device: None, tf32: None, fuse: None });
 
 /// The environment variable MLX's CUDA backend reads (once, at its first matmul) for TF32.
 const MLX_TF32_VARIABLE: &str = "MLX_ENABLE_TF32";
@@ -142,6 +143,34 @@ pub fn settle(device: Device, tf32: Option<bool>) -> Result<()> {
                 }
             };
             settled.tf32 = Some(on);
+            Ok(())
+        }
+    }
+}
+
+/// Applies a session's request on kernel fusion (`None` asks nothing: the first session
+/// settles MLX's default, fused). MLX holds one compile mode per process, so a request that
+/// contradicts an earlier session's is an error.
+pub fn settle_fuse(fuse: Option<bool>) -> Result<()> {
+    init();
+    let mut settled = SETTLED.lock().unwrap_or_else(|p| p.into_inner());
+    match (settled.fuse, fuse) {
+        (Some(current), Some(asked)) if current != asked => Err(MlxError(format!(
+            "option fuse={} conflicts with fuse={} settled by an earlier session: MLX has one compile mode per process",
+            u8::from(asked),
+            u8::from(current)
+        ))),
+        (Some(_), _) => Ok(()),
+        (None, asked) => {
+            let on = asked.unwrap_or(true);
+            let mode = if on {
+                mlx_sys::mlx_compile_mode::MLX_COMPILE_MODE_ENABLED
+            } else {
+                mlx_sys::mlx_compile_mode::MLX_COMPILE_MODE_NO_FUSE
+            };
+            // SAFETY: a process-wide setting with no handles; set under SETTLED's lock.
+            check(unsafe { mlx_sys::mlx_set_compile_mode(mode) })?;
+            settled.fuse = Some(on);
             Ok(())
         }
     }

@@ -102,6 +102,7 @@ fn session_entries(session_options: *const OrtSessionOptions) -> Result<Vec<(Str
 /// first session, an error when a later one contradicts them) and the memory limits.
 fn apply_process_options(options: &Options) -> Result<()> {
     crate::mlx::device::settle(options.device, options.tf32)?;
+    crate::mlx::device::settle_fuse(options.fuse)?;
     crate::mlx::device::settle_kernel_cache(options.kernel_cache.as_deref())?;
     if let Some(limit) = options.memory_limit {
         crate::mlx::device::set_memory_limit(usize::try_from(limit).unwrap_or(usize::MAX))?;
