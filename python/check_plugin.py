@@ -43,7 +43,10 @@ def mlx_session(model_bytes):
     so = ort.SessionOptions()
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     so.add_provider_for_devices(devices, {})
-    return ort.InferenceSession(model_bytes, so)
+    s = ort.InferenceSession(model_bytes, so)
+    # A failed run must fail the check, not be retried on ORT's CPU EP (the Python API's default).
+    s.disable_fallback()
+    return s
 
 
 def cpu_session(model_bytes):

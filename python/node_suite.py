@@ -64,7 +64,10 @@ def session(model_bytes, mlx):
     if mlx:
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         so.add_provider_for_devices([d for d in ort.get_ep_devices() if d.ep_name == EP], {})
-        return ort.InferenceSession(model_bytes, so)
+        s = ort.InferenceSession(model_bytes, so)
+        # A failed run counts as failed, not retried on ORT's CPU EP (the Python API's default).
+        s.disable_fallback()
+        return s
     return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
 
 

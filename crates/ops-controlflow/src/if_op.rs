@@ -2,30 +2,20 @@
 //! read on the host, so the node runs eagerly; the branch's nodes are lowered like any
 //! partition's, with the outer scope (the node's implicit inputs) visible to them.
 
+use crate::body::check_body;
 use ep_core::graph::{ElemType, Subgraph};
 use ep_core::mlx::Array;
-use ep_core::{CompileSafety, Decline, Error, LowerCtx, Lowering, NodeInfo, Result, registry};
+use ep_core::{CompileSafety, Decline, Error, LowerCtx, Lowering, NodeInfo, Result};
 use std::ops::RangeInclusive;
 
 pub struct If;
 
-/// Declines unless every node of `graph` (and of the subgraphs nested in it) can be lowered.
+/// Declines unless `graph` gives the node's outputs and every node of it can be lowered.
 fn check_branch(graph: &Subgraph, branch: &str, outputs: usize) -> std::result::Result<(), Decline> {
     if graph.outputs.len() != outputs {
         return Err(Decline(format!("{branch} has {} outputs; the node has {outputs}", graph.outputs.len())));
     }
-    let registry = registry::global().map_err(|e| Decline(e.to_string()))?;
-    for node in &graph.nodes {
-        registry
-            .claim(node)
-            .map_err(|d| Decline(format!("{branch}: node '{}' ({}): {d}", node.name, node.qualified_op())))?;
-    }
-    for out in &graph.outputs {
-        if out.elem_type.is_none_or(|t| t.to_mlx().is_none()) {
-            return Err(Decline(format!("{branch} output '{}' has type {:?}", out.name, out.elem_type)));
-        }
-    }
-    Ok(())
+    check_body(graph, branch)
 }
 
 impl Lowering for If {

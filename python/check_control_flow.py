@@ -1,0 +1,357 @@
+"""Control flow on the MLX EP, checked the way users run it (ONNX Runtime 1.31.1 from PyPI
+with the plugin registered): Scan in its forms (axes, directions, several scan inputs and
+outputs, no iterations), Loop in its forms (trip count, condition, early exit by the body's
+condition, no iterations, scan outputs), and two model shapes from real audio models, each of which must run
+as ONE MLX partition and match ORT's CPU EP (allclose, rtol 1e-3, atol 1e-4):
+- a voice-activity detector: a sample-rate If whose branches hold a Conv front-end and a
+  nested If around an LSTM with carried states;
+- an audio front-end: a Scan over frames (DC removal, window), DFT, power, mel filters, log.
+
+Run by `cargo xtask test` with ORT_MLX_EP_LIB pointing at the built plugin."""
+
+import os
+import sys
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from check_plugin import EP, assigned, check, cpu_session, mlx_session, model, results
+
+RTOL, ATOL = 1e-3, 1e-4
+
+
+def partitions(session):
+    """The MLX EP's partitions (ORT's assignment info lists one subgraph per partition)."""
+    return [sg for sg in session.get_provider_graph_assignment_info() if sg.ep_name == EP]
+
+
+def compare(m, feeds, one_partition=True):
+    s = mlx_session(m)
+    a = assigned(s)
+    assert a and set(a.values()) == {EP}, f"nodes left to other EPs: {a}"
+    if one_partition:
+        assert len(partitions(s)) == 1, f"{len(partitions(s))} MLX partitions"
+    ref = cpu_session(m)
+    for feed in feeds:
+        for got, want in zip(s.run(None, feed), ref.run(None, feed)):
+            assert got.shape == want.shape, (got.shape, want.shape)
+            np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    return s
+
+
+def vi(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+F = TensorProto.FLOAT
+
+
+def scan_model(in_dirs, in_axes, out_dirs, out_axes, steps, opset=17):
+    """A running sum `acc` over two scan inputs (rows of `a` and `b` along their axes); scan
+    outputs: the running sum and the elementwise product of the two slices."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["acc_in", "a_t"], ["s1"]),
+            helper.make_node("Add", ["s1", "b_t"], ["acc_out"]),
+            helper.make_node("Mul", ["a_t", "b_t"], ["prod"]),
+            helper.make_node("Identity", ["acc_out"], ["acc_copy"]),
+        ],
+        "body",
+        [vi("acc_in", F, [4]), vi("a_t", F, [4]), vi("b_t", F, [4])],
+        [vi("acc_out", F, [4]), vi("acc_copy", F, [4]), vi("prod", F, [4])],
+    )
+    a_shape = [steps, 4] if in_axes[0] in (0, -2) else [4, steps]
+    b_shape = [steps, 4] if in_axes[1] in (0, -2) else [4, steps]
+    out_shape = lambda axis: [steps, 4] if axis in (0, -2) else [4, steps]  # noqa: E731
+    node = helper.make_node(
+        "Scan",
+        ["acc0", "a", "b"],
+        ["acc", "sums", "prods"],
+        name="scan",
+        body=body,
+        num_scan_inputs=2,
+        scan_input_directions=in_dirs,
+        scan_input_axes=in_axes,
+        scan_output_directions=out_dirs,
+        scan_output_axes=out_axes,
+    )
+    return model(
+        [helper.make_node("Relu", ["x"], ["acc0"], name="relu"), node],
+        [vi("x", F, [4]), vi("a", F, a_shape), vi("b", F, b_shape)],
+        [vi("acc", F, [4]), vi("sums", F, out_shape(out_axes[0])), vi("prods", F, out_shape(out_axes[1]))],
+        opset=opset,
+    )
+
+
+def test_scan_forms():
+    rng = np.random.default_rng(0)
+    forms = [
+        ([0, 0], [0, 0], [0, 0], [0, 0]),
+        ([1, 0], [0, 1], [0, 1], [1, 0]),
+        ([1, 1], [-1, -2], [1, 1], [-1, -2]),
+    ]
+    for in_dirs, in_axes, out_dirs, out_axes in forms:
+        m = scan_model(in_dirs, in_axes, out_dirs, out_axes, steps=5)
+        shape = lambda axis: (5, 4) if axis in (0, -2) else (4, 5)  # noqa: E731
+        feeds = [
+            {
+                "x": rng.standard_normal(4).astype(np.float32),
+                "a": rng.standard_normal(shape(in_axes[0])).astype(np.float32),
+                "b": rng.standard_normal(shape(in_axes[1])).astype(np.float32),
+            }
+            for _ in range(2)
+        ]
+        compare(m, feeds)
+
+
+def test_scan_without_iterations():
+    m = scan_model([0, 0], [0, 0], [0, 0], [0, 0], steps="T")
+    feed = {"x": np.arange(4, dtype=np.float32) - 1, "a": np.zeros((0, 4), np.float32), "b": np.zeros((0, 4), np.float32)}
+    s = mlx_session(m)
+    assert set(assigned(s).values()) == {EP}, assigned(s)
+    acc, sums, prods = s.run(None, feed)
+    np.testing.assert_array_equal(acc, np.maximum(feed["x"], 0))
+    assert sums.shape == (0, 4) and prods.shape == (0, 4), (sums.shape, prods.shape)
+
+
+def test_scan_inputs_of_different_lengths_fail_cleanly():
+    m = scan_model([0, 0], [0, 0], [0, 0], [0, 0], steps="T")
+    s = mlx_session(m)  # without ORT's fallback: the MLX EP's own error
+    feed = {"x": np.zeros(4, np.float32), "a": np.zeros((3, 4), np.float32), "b": np.zeros((5, 4), np.float32)}
+    try:
+        s.run(None, feed)
+    except Exception as e:  # the run fails with the reason, naming the node
+        assert "scan input 1 has 5 iterations" in str(e) and "'scan'" in str(e), e
+    else:
+        raise AssertionError("scan inputs of 3 and 5 iterations ran")
+
+
+def loop_model(with_trip, with_cond):
+    """acc += x * (i + 1) each iteration while acc < limit (the body's condition); the scan
+    output is each iteration's acc."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Cast", ["i"], ["i_f"], to=F),
+            helper.make_node("Add", ["i_f", "one"], ["i1"]),
+            helper.make_node("Mul", ["x", "i1"], ["step"]),
+            helper.make_node("Add", ["acc_in", "step"], ["acc_out"]),
+            helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0),
+            helper.make_node("Less", ["total", "limit"], ["go_on"]),
+            helper.make_node("Identity", ["acc_out"], ["acc_seen"]),
+        ],
+        "body",
+        [vi("i", TensorProto.INT64, []), vi("cond_in", TensorProto.BOOL, []), vi("acc_in", F, [3])],
+        [vi("go_on", TensorProto.BOOL, []), vi("acc_out", F, [3]), vi("acc_seen", F, [3])],
+        [numpy_helper.from_array(np.ones((), np.float32), "one")],
+    )
+    node = helper.make_node(
+        "Loop", ["trip" if with_trip else "", "cond" if with_cond else "", "acc0"], ["acc", "history"],
+        name="loop", body=body,
+    )
+    inputs = [vi("x", F, [3]), vi("acc0", F, [3]), vi("limit", F, [])]
+    if with_trip:
+        inputs.append(vi("trip", TensorProto.INT64, []))
+    if with_cond:
+        inputs.append(vi("cond", TensorProto.BOOL, []))
+    return model([node], inputs, [vi("acc", F, [3]), vi("history", F, ["N", 3])], opset=17)
+
+
+def test_loop_forms():
+    rng = np.random.default_rng(3)
+    for with_trip, with_cond in [(True, False), (False, True), (True, True)]:
+        m = loop_model(with_trip, with_cond)
+        feeds = []
+        for trip, cond, limit in [(5, True, 1e9), (9, True, 6.0), (0, True, 1e9), (4, False, 1e9)]:
+            if not with_trip and limit > 1e8:
+                limit = 20.0  # a while loop ends by its condition
+            if (trip == 0 and not with_trip) or (not cond and not with_cond):
+                continue
+            feed = {
+                "x": np.abs(rng.standard_normal(3)).astype(np.float32) + 0.1,
+                "acc0": rng.standard_normal(3).astype(np.float32),
+                "limit": np.array(limit, np.float32),
+            }
+            if with_trip:
+                feed["trip"] = np.array(trip, np.int64)
+            if with_cond:
+                feed["cond"] = np.array(cond)
+            feeds.append(feed)
+        compare(m, feeds)
+
+
+def vad_model():
+    """Silero-VAD-shaped: If(sr == 16000) picks a Conv front-end (stride and weights per rate);
+    inside, If(use_rnn) runs an LSTM over the conv frames with carried h/c, else a plain tanh."""
+    rng = np.random.default_rng(7)
+    hidden, channels = 8, 6
+    inits = []
+
+    def weight(name, *shape):
+        inits.append(numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name))
+        return name
+
+    lstm_w, lstm_r, lstm_b = weight("lstm_W", 1, 4 * hidden, channels), weight("lstm_R", 1, 4 * hidden, hidden), weight(
+        "lstm_B", 1, 8 * hidden
+    )
+
+    def inner_if(tag):
+        """If(use_rnn): LSTM over frames [T, 1, C] with the carried states, or tanh with the states passed on."""
+        rnn = helper.make_graph(
+            [
+                helper.make_node(
+                    "LSTM",
+                    [f"frames_{tag}", lstm_w, lstm_r, lstm_b, "", "h0", "c0"],
+                    [f"y_{tag}", f"hn_{tag}", f"cn_{tag}"],
+                    hidden_size=hidden,
+                ),
+                helper.make_node("Squeeze", [f"y_{tag}", "axis1"], [f"seq_{tag}"]),
+            ],
+            f"rnn_{tag}",
+            [],
+            [vi(f"seq_{tag}", F, ["T", 1, hidden]), vi(f"hn_{tag}", F, [1, 1, hidden]), vi(f"cn_{tag}", F, [1, 1, hidden])],
+        )
+        plain = helper.make_graph(
+            [
+                helper.make_node("MatMul", [f"frames_{tag}", "proj"], [f"p_{tag}"]),
+                helper.make_node("Tanh", [f"p_{tag}"], [f"t_{tag}"]),
+                helper.make_node("Identity", ["h0"], [f"h_{tag}"]),
+                helper.make_node("Identity", ["c0"], [f"c_{tag}"]),
+            ],
+            f"plain_{tag}",
+            [],
+            [vi(f"t_{tag}", F, ["T", 1, hidden]), vi(f"h_{tag}", F, [1, 1, hidden]), vi(f"c_{tag}", F, [1, 1, hidden])],
+        )
+        return helper.make_node(
+            "If", ["use_rnn"], [f"seq_out_{tag}", f"h_out_{tag}", f"c_out_{tag}"], then_branch=rnn, else_branch=plain
+        )
+
+    def rate_branch(tag, stride):
+        w = weight(f"conv_{tag}", channels, 1, 8)
+        b = weight(f"conv_b_{tag}", channels)
+        return helper.make_graph(
+            [
+                helper.make_node("Conv", ["x", w, b], [f"conv_out_{tag}"], strides=[stride], pads=[2, 2]),
+                helper.make_node("Relu", [f"conv_out_{tag}"], [f"act_{tag}"]),
+                # [1, C, T] -> [T, 1, C]: LSTM's sequence layout.
+                helper.make_node("Transpose", [f"act_{tag}"], [f"frames_{tag}"], perm=[2, 0, 1]),
+                inner_if(tag),
+                helper.make_node("ReduceMean", [f"seq_out_{tag}", "axis_last"], [f"score_{tag}"], keepdims=0),
+            ],
+            f"rate_{tag}",
+            [],
+            [vi(f"score_{tag}", F, ["T", 1]), vi(f"h_out_{tag}", F, [1, 1, hidden]), vi(f"c_out_{tag}", F, [1, 1, hidden])],
+        )
+
+    inits.append(numpy_helper.from_array((rng.standard_normal((channels, hidden)) * 0.3).astype(np.float32), "proj"))
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "axis1"))
+    inits.append(numpy_helper.from_array(np.array([-1], np.int64), "axis_last"))
+    inits.append(numpy_helper.from_array(np.array(16000, np.int64), "rate16k"))
+    nodes = [
+        helper.make_node("Equal", ["sr", "rate16k"], ["is16k"], name="rate_check"),
+        helper.make_node(
+            "If", ["is16k"], ["score", "hn", "cn"], name="rate_if",
+            then_branch=rate_branch("16k", 4), else_branch=rate_branch("8k", 2),
+        ),
+        helper.make_node("Sigmoid", ["score"], ["prob"], name="prob"),
+    ]
+    return model(
+        nodes,
+        [vi("x", F, [1, 1, 64]), vi("sr", TensorProto.INT64, []), vi("use_rnn", TensorProto.BOOL, []),
+         vi("h0", F, [1, 1, hidden]), vi("c0", F, [1, 1, hidden])],
+        [vi("prob", F, ["T", 1]), vi("hn", F, [1, 1, hidden]), vi("cn", F, [1, 1, hidden])],
+        inits,
+        opset=18,
+    )
+
+
+def test_vad_shaped_model_is_one_partition():
+    rng = np.random.default_rng(8)
+    feeds = []
+    for sr in (16000, 8000):
+        for use_rnn in (True, False):
+            feeds.append({
+                "x": rng.standard_normal((1, 1, 64)).astype(np.float32),
+                "sr": np.array(sr, np.int64),
+                "use_rnn": np.array(use_rnn),
+                "h0": (rng.standard_normal((1, 1, 8)) * 0.5).astype(np.float32),
+                "c0": (rng.standard_normal((1, 1, 8)) * 0.5).astype(np.float32),
+            })
+    compare(vad_model(), feeds)
+
+
+def frontend_model(frame=32, frames=12, mels=10):
+    """Speaker-embedding-front-end-shaped: frames of the waveform, a Scan that removes each
+    frame's mean and applies a Hann window, a one-sided DFT, power, mel filters, log."""
+    rng = np.random.default_rng(11)
+    bins = frame // 2 + 1
+    window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(frame) / frame)).astype(np.float32)
+    mel = np.abs(rng.standard_normal((bins, mels))).astype(np.float32) * 0.1
+    body = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["frame_t", "axes0"], ["mean"], keepdims=1),
+            helper.make_node("Sub", ["frame_t", "mean"], ["centred"]),
+            helper.make_node("Mul", ["centred", "window"], ["windowed"]),
+            helper.make_node("Add", ["count_in", "one"], ["count_out"]),
+        ],
+        "per_frame",
+        [vi("count_in", F, [1]), vi("frame_t", F, [frame])],
+        [vi("count_out", F, [1]), vi("windowed", F, [frame])],
+    )
+    nodes = [
+        helper.make_node("Reshape", ["wave", "frame_shape"], ["framed"], name="frame"),
+        helper.make_node("Scan", ["count0", "framed"], ["count", "windowed_frames"], name="frames_scan",
+                         body=body, num_scan_inputs=1),
+        helper.make_node("Unsqueeze", ["windowed_frames", "axes_last"], ["real"], name="as_real"),
+        helper.make_node("DFT", ["real", "", "axis1"], ["spectrum"], name="dft", onesided=1),
+        helper.make_node("Mul", ["spectrum", "spectrum"], ["squares"], name="square"),
+        helper.make_node("ReduceSum", ["squares", "axes_last"], ["power"], name="power", keepdims=0),
+        helper.make_node("MatMul", ["power", "mel"], ["mel_power"], name="mel"),
+        helper.make_node("Add", ["mel_power", "eps"], ["floored"], name="floor"),
+        helper.make_node("Log", ["floored"], ["fbank"], name="log"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([frames, frame], np.int64), "frame_shape"),
+        numpy_helper.from_array(np.zeros(1, np.float32), "count0"),
+        numpy_helper.from_array(np.ones(1, np.float32), "one"),
+        numpy_helper.from_array(np.array([0], np.int64), "axes0"),
+        numpy_helper.from_array(np.array([-1], np.int64), "axes_last"),
+        numpy_helper.from_array(np.array(1, np.int64), "axis1"),
+        numpy_helper.from_array(window, "window"),
+        numpy_helper.from_array(mel, "mel"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+    ]
+    return model(
+        nodes,
+        [vi("wave", F, [frames * frame])],
+        [vi("fbank", F, [frames, mels]), vi("count", F, [1])],
+        inits,
+        opset=20,
+    )
+
+
+def test_audio_frontend_is_one_partition():
+    rng = np.random.default_rng(12)
+    feeds = [{"wave": (rng.standard_normal(12 * 32) * 0.3).astype(np.float32)} for _ in range(2)]
+    compare(frontend_model(), feeds)
+
+
+def main():
+    lib = os.environ.get("ORT_MLX_EP_LIB")
+    if not lib or not os.path.exists(lib):
+        print(f"ORT_MLX_EP_LIB must point at the built plugin (got {lib!r})")
+        return 2
+    ort.register_execution_provider_library("MLX", lib)
+    check("Scan: scan axes, directions, two scan inputs and outputs, on MLX, match", test_scan_forms)
+    check("Scan with no iterations: initial states, empty scan outputs", test_scan_without_iterations)
+    check("Scan inputs of different lengths: a clear error naming the node", test_scan_inputs_of_different_lengths_fail_cleanly)
+    check("Loop: trip count, condition, early exit, no iterations, scan output, on MLX, match", test_loop_forms)
+    check("VAD-shaped model (If > Conv, nested If > LSTM): one MLX partition, matches", test_vad_shaped_model_is_one_partition)
+    check("audio front-end (Scan over frames, DFT, mel, log): one MLX partition, matches", test_audio_frontend_is_one_partition)
+    failed = sum(1 for _, e in results if e is not None)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
