@@ -22,6 +22,8 @@
 #            the bare compiled graph), the native floor, the CNNs, the fp16 decoder growing
 #   coldstart first runs on an empty kernel cache and in a second process, per compile mode
 #            ($MODES: fuse0 eager fuse1): the CNNs and the fp16 decoder
+#   controlflow python/check_control_flow.py --bench: the VAD-shaped model and the audio
+#            front-end (If, LSTM, Scan, DFT), ORT's CPU EP against the MLX EP
 #   cmd      the command in $GPU_CMD, in this environment (for one-off measurements)
 #   keep     the JIT kernel cache into $OUT/kernels.tar.gz (a later machine can carry it
 #            back: MLX_EP_KERNELS=path/kernels.tar.gz unpacks it before anything runs)
@@ -194,11 +196,14 @@ for s in "${sections[@]}"; do
         done
         if [ "${LLM:-1}" = 1 ]; then
           section "coldstart $mode: fp16 decoder, KV in the EP's memory (empty kernel cache)"
-          env "${env_set[@]}" timed 240 "$mode llm fp16" mlx-ep-run llm --preset qwen2.5-0.5b-fp16 --kv device \
+          env "${env_set[@]}" timed 200 "$mode llm fp16" mlx-ep-run llm --preset qwen2.5-0.5b-fp16 --kv device \
             --prompt 128 --steps 32 --json "/tmp/mlx-gpu/json/cold-$mode-llm-fp16.json"
         fi
         echo "kernel cache $mode: $(find "/tmp/mlx-cold-$mode" -type f 2>/dev/null | wc -l) files, $(du -sh "/tmp/mlx-cold-$mode" 2>/dev/null | cut -f1)"
       done ;;
+    controlflow)
+      section "control flow: a VAD-shaped model and an audio front-end, CPU EP vs MLX EP"
+      (cd python && timed 200 controlflow python3 check_control_flow.py --bench) ;;
     cmd)
       section "command: $GPU_CMD"
       bash -c "$GPU_CMD" ;;

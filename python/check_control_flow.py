@@ -336,12 +336,47 @@ def test_audio_frontend_is_one_partition():
     compare(frontend_model(), feeds)
 
 
+def bench(repeat=50):
+    """`--bench`: the two model shapes on ORT's CPU EP and the MLX EP, first run and the median
+    of `repeat` runs each (on a GPU machine: `bash gpu/run.sh controlflow`)."""
+    import time
+
+    rng = np.random.default_rng(5)
+    cases = {
+        "VAD-shaped (If > Conv, If > LSTM)": (vad_model(), {
+            "x": rng.standard_normal((1, 1, 64)).astype(np.float32), "sr": np.array(16000, np.int64),
+            "use_rnn": np.array(True), "h0": np.zeros((1, 1, 8), np.float32), "c0": np.zeros((1, 1, 8), np.float32),
+        }),
+        "audio front-end (Scan, DFT, mel)": (frontend_model(), {"wave": rng.standard_normal(12 * 32).astype(np.float32)}),
+    }
+    for name, (m, feed) in cases.items():
+        times = {}
+        for ep, make in (("CPU EP", cpu_session), ("MLX EP", mlx_session)):
+            s = make(m)
+            t0 = time.perf_counter()
+            first = s.run(None, feed)
+            first_ms = (time.perf_counter() - t0) * 1e3
+            runs = []
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                s.run(None, feed)
+                runs.append((time.perf_counter() - t0) * 1e3)
+            times[ep] = (first_ms, float(np.median(runs)), first)
+        (cf, cm, cpu_out), (mf, mm, mlx_out) = times["CPU EP"], times["MLX EP"]
+        diff = max(float(np.max(np.abs(a - b))) for a, b in zip(mlx_out, cpu_out))
+        print(f"{name}: CPU EP {cm:.3f} ms, MLX EP {mm:.3f} ms, MLX EP / CPU EP {mm / cm:.2f}; "
+              f"first run CPU {cf:.1f} ms, MLX {mf:.1f} ms; max abs diff {diff:.2e}")
+    return 0
+
+
 def main():
     lib = os.environ.get("ORT_MLX_EP_LIB")
     if not lib or not os.path.exists(lib):
         print(f"ORT_MLX_EP_LIB must point at the built plugin (got {lib!r})")
         return 2
     ort.register_execution_provider_library("MLX", lib)
+    if sys.argv[1:] == ["--bench"]:
+        return bench()
     check("Scan: scan axes, directions, two scan inputs and outputs, on MLX, match", test_scan_forms)
     check("Scan with no iterations: initial states, empty scan outputs", test_scan_without_iterations)
     check("Scan inputs of different lengths: a clear error naming the node", test_scan_inputs_of_different_lengths_fail_cleanly)

@@ -20,6 +20,27 @@ fn normalize(domain: &str) -> &str {
     if is_onnx_domain(domain) { "" } else { domain }
 }
 
+/// The ONNX ops whose inputs or outputs are sequences or optionals, which no lowering takes.
+const NOT_TENSOR_OPS: &[&str] = &[
+    "SequenceConstruct",
+    "SequenceEmpty",
+    "SequenceInsert",
+    "SequenceAt",
+    "SequenceErase",
+    "SequenceLength",
+    "SequenceMap",
+    "SplitToSequence",
+    "ConcatFromSequence",
+    "Optional",
+    "OptionalGetElement",
+    "OptionalHasElement",
+];
+
+/// Why: the reason given for every op of [`NOT_TENSOR_OPS`].
+const NOT_TENSORS: &str = "the MLX EP's values are tensors: ORT 1.31's plugin API writes a fused node's \
+    outputs only as tensors (KernelContext_GetOutput takes a shape), so a partition cannot produce or pass \
+    on a sequence, and reading one as a partition input is not implemented";
+
 impl Registry {
     /// Builds an index, rejecting two lowerings whose (domain, op, opset range) overlap.
     pub fn build(entries: &[&'static dyn Lowering]) -> Result<Registry> {
@@ -49,10 +70,13 @@ impl Registry {
     /// The lowering for this node's domain, op and opset, or the reason there is none.
     pub fn find(&self, node: &NodeInfo) -> std::result::Result<&'static dyn Lowering, Decline> {
         let key = (normalize(&node.domain).to_owned(), node.op_type.clone());
-        let list = self
-            .by_op
-            .get(&key)
-            .ok_or_else(|| Decline(format!("no lowering registered for {}", node.qualified_op())))?;
+        let list = self.by_op.get(&key).ok_or_else(|| {
+            if key.0.is_empty() && NOT_TENSOR_OPS.contains(&key.1.as_str()) {
+                Decline(format!("{} works on sequence or optional values; {NOT_TENSORS}", node.op_type))
+            } else {
+                Decline(format!("no lowering registered for {}", node.qualified_op()))
+            }
+        })?;
         list.iter().copied().find(|l| l.opsets().contains(&node.since_version)).ok_or_else(|| {
             let ranges: Vec<_> = list.iter().map(|l| l.opsets()).collect();
             Decline(format!(
@@ -199,6 +223,8 @@ mod tests {
         let decline = r.find(&node("Add", 6)).err().unwrap();
         assert!(decline.0.contains("opset 6"), "{decline}");
         assert!(r.find(&node("Shrink", 9)).err().unwrap().0.contains("no lowering"));
+        let why = r.find(&node("SequenceAt", 11)).err().unwrap().0;
+        assert!(why.contains("sequence or optional values") && why.contains("KernelContext_GetOutput"), "{why}");
     }
 
     #[test]
