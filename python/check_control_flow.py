@@ -145,10 +145,8 @@ def loop_model(with_trip, with_cond):
         [vi("go_on", TensorProto.BOOL, []), vi("acc_out", F, [3]), vi("acc_seen", F, [3])],
         [numpy_helper.from_array(np.ones((), np.float32), "one")],
     )
-    node = helper.make_node(
-        "Loop", ["trip" if with_trip else "", "cond" if with_cond else "", "acc0"], ["acc", "history"],
-        name="loop", body=body,
-    )
+    names = ["trip" if with_trip else "", "cond" if with_cond else "", "acc0"]
+    node = helper.make_node("Loop", names, ["acc", "history"], name="loop", body=body)
     inputs = [vi("x", F, [3]), vi("acc0", F, [3]), vi("limit", F, [])]
     if with_trip:
         inputs.append(vi("trip", TensorProto.INT64, []))

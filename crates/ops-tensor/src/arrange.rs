@@ -51,6 +51,19 @@ ep_core::register_lowering!(
     }
 );
 
+// ORT's earlier form, the same op.
+ep_core::register_lowering!(
+    MS_TRILU = FnLowering {
+        domain: "com.microsoft",
+        op: "Trilu",
+        opsets: 1..=i32::MAX,
+        claim: claim_trilu,
+        lower: lower_trilu,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
 const CUMSUM_TYPES: &[ElemType] = &[
     ElemType::F32,
     ElemType::F16,
@@ -357,6 +370,25 @@ mod spec {
             .prop_map(|(t, b, m, k, (upper, with_k), v, seed)| {
                 let s = [b, m].concat();
                 let case = Case::op("Trilu", v).input("x", t, &s);
+                let case =
+                    if with_k { case.constant("k", DType::I64, &[], Values::Data(vec![k as f64])) } else { case };
+                case.attr_int("upper", upper as i64).output("y", t, &s).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!(super::MS_TRILU, || {
+        (
+            select(&[DType::F32, DType::F64, DType::I64][..]),
+            shape(0..=1),
+            nonempty_shape(2..=2),
+            -4..=4i64,
+            any::<(bool, bool)>(),
+            seed(),
+        )
+            .prop_map(|(t, b, m, k, (upper, with_k), seed)| {
+                let s = [b, m].concat();
+                let case = Case::domain_op("com.microsoft", "Trilu", 1).input("x", t, &s);
                 let case =
                     if with_k { case.constant("k", DType::I64, &[], Values::Data(vec![k as f64])) } else { case };
                 case.attr_int("upper", upper as i64).output("y", t, &s).with_seed(seed)

@@ -93,6 +93,19 @@ ep_core::register_lowering!(
     }
 );
 
+// ORT's earlier form, the same op.
+ep_core::register_lowering!(
+    MS_RANGE = FnLowering {
+        domain: "com.microsoft",
+        op: "Range",
+        opsets: 1..=i32::MAX,
+        claim: claim_range,
+        lower: lower_range,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
 fn claim_eye_like(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 1, 1)?;
     ep_core::lowering::require_types(node, ALL_TYPES)?;
@@ -210,6 +223,21 @@ mod spec {
                 let scalar = |x: f64| Values::Data(vec![x]);
                 // Runtime inputs: ORT folds a Range of constants before an EP sees it.
                 Case::op("Range", v)
+                    .input_with("start", t, &[], scalar(start))
+                    .input_with("limit", t, &[], scalar(limit))
+                    .input_with("delta", t, &[], scalar(delta))
+                    .output("y", t, &[n])
+            })
+            .boxed()
+    });
+
+    register_spec!(super::MS_RANGE, || {
+        (select(&[DType::F32, DType::I64, DType::I32][..]), -8..8i64, -8..8i64, prop_oneof![1..=3i64, -3..=-1i64])
+            .prop_map(|(t, start, limit, delta)| {
+                let (start, limit, delta) = (start as f64, limit as f64, delta as f64);
+                let n = ((limit - start) / delta).ceil().max(0.0) as i64;
+                let scalar = |x: f64| Values::Data(vec![x]);
+                Case::domain_op("com.microsoft", "Range", 1)
                     .input_with("start", t, &[], scalar(start))
                     .input_with("limit", t, &[], scalar(limit))
                     .input_with("delta", t, &[], scalar(delta))

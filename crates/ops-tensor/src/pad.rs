@@ -1,4 +1,6 @@
-//! Pad: constant, edge, reflect and wrap modes; negative pads crop.
+//! Pad: constant, edge, reflect and wrap modes; negative pads crop. Also `com.microsoft:Pad`
+//! (ORT's earlier form of opset 11's: pads and value as inputs, pads `[2 * rank]` or
+//! `[1, 2 * rank]`).
 
 use ep_core::lowering::{ALL_TYPES, FnLowering, normalize_axis, require_input_type};
 use ep_core::mlx::{Array, ops};
@@ -48,7 +50,7 @@ fn lower_pad(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let shape = x.shape();
     let r = shape.len();
     let s = ctx.stream_for(x.dtype());
-    let (pads, value, axes) = if node.since_version >= 11 {
+    let (pads, value, axes) = if node.since_version >= 11 || node.domain == "com.microsoft" {
         let value = match ctx.optional_input(2) {
             Some(v) => Some(ops::reshape(v, &[], s)?),
             None => None,
@@ -142,6 +144,18 @@ ep_core::register_lowering!(
     }
 );
 
+ep_core::register_lowering!(
+    MS_PAD = FnLowering {
+        domain: "com.microsoft",
+        op: "Pad",
+        opsets: 1..=i32::MAX,
+        claim: claim_pad,
+        lower: lower_pad,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
 #[cfg(feature = "conformance")]
 mod spec {
     use conformance_spec::strategy::*;
@@ -183,6 +197,39 @@ mod spec {
                     case
                 };
                 case.attr_str("mode", mode).output("y", t, &out).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!(super::MS_PAD, || {
+        (
+            nonempty_shape(1..=3),
+            collection::vec(-1..=3i64, 6),
+            select(&["constant", "edge", "reflect"][..]),
+            any::<bool>(),
+            seed(),
+        )
+            .prop_map(|(s, raw, mode, two_d, seed)| {
+                let r = s.len();
+                let clampd =
+                    |p: i64, d: i64| if mode == "reflect" { p.min(d - 1).max(0) } else { p.max(-((d - 1) / 2)) };
+                let pads: Vec<i64> = (0..2 * r).map(|i| clampd(raw[i], s[i % r])).collect();
+                let out: Vec<i64> = (0..r).map(|a| s[a] + pads[a] + pads[a + r]).collect();
+                // The pads as `[2 * rank]` or `[1, 2 * rank]`, both of which ORT takes.
+                let dims: Vec<i64> = if two_d { vec![1, 2 * r as i64] } else { vec![2 * r as i64] };
+                let data = Values::Data(pads.iter().map(|&p| p as f64).collect());
+                let case = Case::domain_op("com.microsoft", "Pad", 1).input("x", DType::F32, &s).constant(
+                    "pads",
+                    DType::I64,
+                    &dims,
+                    data,
+                );
+                let case = if mode == "constant" {
+                    case.constant("value", DType::F32, &[], Values::Data(vec![1.5]))
+                } else {
+                    case
+                };
+                case.attr_str("mode", mode).output("y", DType::F32, &out).with_seed(seed)
             })
             .boxed()
     });
