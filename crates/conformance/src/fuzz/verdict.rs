@@ -128,6 +128,21 @@ pub const CPU_LENIENT: &[(&str, &[&str], &str, &str)] = &[
          so the EP refuses it by name where the CPU EP answers the empty tensor",
     ),
     (
+        "Pad",
+        &["shape-disagrees", "size-0-dim", "rank-0", "rank-over-6", "index-out-of-range", "huge-shape-value"],
+        "pads crop more than the input has",
+        "the CPU EP crops more than an axis holds and pads on from there (an input of 1 element with \
+         pads [-2, 2] gives 1 element of padding); ONNX leaves it undefined and its reference \
+         implementation refuses it",
+    ),
+    (
+        "com.microsoft:Pad",
+        &["index-out-of-range", "huge-shape-value"],
+        "pads crop more than the input has",
+        "the CPU EP crops more than an axis holds and pads on from there (an input of 1 element with \
+         pads [-2, 2] gives 1 element of padding), as its ONNX Pad does",
+    ),
+    (
         "DFT",
         &["index-out-of-range", "huge-shape-value"],
         "dft_length 0 is not positive",
