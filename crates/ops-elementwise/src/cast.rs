@@ -1,4 +1,4 @@
-//! Type conversions and predicates: Cast, CastLike, IsNaN, IsInf, Not, BitwiseNot.
+//! Type conversions and predicates: Cast, CastLike, BitCast, IsNaN, IsInf, Not, BitwiseNot.
 
 use ep_core::lowering::{ALL_TYPES, FnLowering, INTS, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -52,6 +52,42 @@ ep_core::register_lowering!(
         lower: lower_cast,
         safety: CompileSafety::Shapeless,
         growth: Some(|q| ep_core::growth::carries_sizes(true, q)),
+    }
+);
+
+fn claim_bit_cast(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_input_type(node, 0, ALL_TYPES)?;
+    let to = target(node)?;
+    let from = node.input(0).and_then(|v| v.elem_type);
+    match (from.and_then(ElemType::to_mlx), to.to_mlx()) {
+        (Some(f), Some(t)) if ALL_TYPES.contains(&to) && f.size_in_bytes() == t.size_in_bytes() => Ok(()),
+        (Some(_), Some(_)) if ALL_TYPES.contains(&to) => {
+            Err(Decline(format!("BitCast from {from:?} to {to:?}: the bit widths differ")))
+        }
+        _ => Err(Decline(format!("BitCast from {from:?} to {to:?} is not supported"))),
+    }
+}
+
+/// The input's bytes read as the target type (of the same width).
+fn lower_bit_cast(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let to = target(node)?.to_mlx().ok_or("BitCast target has no MLX type")?;
+    if x.dtype().size_in_bytes() != to.size_in_bytes() {
+        return Err(format!("BitCast from {:?} to {to:?}: the bit widths differ", x.dtype()).into());
+    }
+    Ok(vec![ops::view(x, to, stream_for(ctx, x.dtype(), to))?])
+}
+
+ep_core::register_lowering!(
+    BIT_CAST = FnLowering {
+        domain: "",
+        op: "BitCast",
+        opsets: 26..=i32::MAX,
+        claim: claim_bit_cast,
+        lower: lower_bit_cast,
+        safety: CompileSafety::Shapeless,
+        growth: None,
     }
 );
 
@@ -200,6 +236,36 @@ mod spec {
             .prop_map(|(from, to, s, v, seed)| {
                 Case::op("Cast", v)
                     .input_with("x", from, &s, cast_values(from, to))
+                    .attr_int("to", to.onnx_code())
+                    .output("y", to, &s)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!(super::BIT_CAST, || {
+        // Pairs of one width; float sources carry NaN and infinities, whose bits pass unchanged.
+        const PAIRS: &[(DType, DType)] = &[
+            (DType::F32, DType::I32),
+            (DType::I32, DType::F32),
+            (DType::F64, DType::I64),
+            (DType::I64, DType::F64),
+            (DType::U8, DType::I8),
+            (DType::I8, DType::U8),
+            (DType::F16, DType::I16),
+            (DType::I16, DType::F16),
+            (DType::U32, DType::F32),
+        ];
+        (select(PAIRS), shape(0..=3), seed())
+            .prop_map(|((from, to), s, seed)| {
+                let values = if from.is_float() { Values::Special } else { Values::Uniform { lo: -100.0, hi: 100.0 } };
+                let values = if matches!(from, DType::U8 | DType::U32) {
+                    Values::Uniform { lo: 0.0, hi: 250.0 }
+                } else {
+                    values
+                };
+                Case::op("BitCast", 26)
+                    .input_with("x", from, &s, values)
                     .attr_int("to", to.onnx_code())
                     .output("y", to, &s)
                     .with_seed(seed)

@@ -139,6 +139,17 @@ pub fn astype(a: &Array, dtype: Dtype, s: &Stream) -> Result<Array> {
     Ok(out)
 }
 
+/// The same bytes read as `dtype` (of the same size: the shape is kept).
+pub fn view(a: &Array, dtype: Dtype, s: &Stream) -> Result<Array> {
+    if a.dtype() == dtype {
+        return Ok(a.clone());
+    }
+    let mut out = Array::empty();
+    // SAFETY: `out` is a fresh handle that mlx-c fills; inputs are valid handles.
+    check(unsafe { mlx_sys::mlx_view(&mut out.0, a.0, dtype.to_raw(), s.0) })?;
+    Ok(out)
+}
+
 /// Permutes axes.
 pub fn transpose_axes(a: &Array, axes: &[i32], s: &Stream) -> Result<Array> {
     let axes: Vec<c_int> = axes.iter().map(|&d| d as c_int).collect();
