@@ -34,7 +34,11 @@ const TYPES: &[ElemType] = &[
 
 fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 1, 2)?;
-    require_input_type(node, 0, TYPES)?;
+    // ReduceMax and ReduceMin take bool from opset 20 (any and all).
+    let bool_ok = matches!(node.op_type.as_str(), "ReduceMax" | "ReduceMin") && node.since_version >= 20;
+    if !(bool_ok && node.input(0).and_then(|v| v.elem_type) == Some(ElemType::Bool)) {
+        require_input_type(node, 0, TYPES)?;
+    }
     require_input_type(node, 1, &[ElemType::I64])
 }
 
@@ -70,8 +74,12 @@ fn reduce(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Arr
     axes.dedup();
     let dtype = x.dtype();
     let s = ctx.stream_for(dtype);
-    // Half types accumulate in float32, as ORT's CPU EP does.
-    let work = if dtype == Dtype::F16 || dtype == Dtype::BF16 { ops::astype(x, Dtype::F32, s)? } else { x.clone() };
+    // Half types accumulate in float32, as ORT's CPU EP does; bools are reduced as 0/1.
+    let work = match dtype {
+        Dtype::F16 | Dtype::BF16 => ops::astype(x, Dtype::F32, s)?,
+        Dtype::Bool => ops::astype(x, Dtype::U8, s)?,
+        _ => x.clone(),
+    };
     let pre = match kind {
         Kind::L1 => ops::abs(&work, s)?,
         Kind::L2 | Kind::SumSquare => ops::square(&work, s)?,
@@ -122,7 +130,8 @@ fn nan_as_ort(x: &Array, axes: &[i32], max: bool, s: &Stream) -> Result<Array> {
 /// The reduction of an input without elements, as ORT's CPU EP answers it: the axes are taken
 /// as given (a negative or out-of-range one reduces nothing), and every output element is the
 /// operation's identity (the type's lowest value for Max, LogSum and LogSumExp, its highest for
-/// Min, 0 for Mean).
+/// Min, 0 for Mean; for bool, false for Max and true for Min, as ONNX defines them where ORT's
+/// CPU EP refuses).
 fn empty_input(kind: Kind, x: &Array, axes: &[i64], keep: bool, s: &Stream, cpu: &Stream) -> Result<Array> {
     let shape = x.shape();
     let out: Vec<i64> = (0..shape.len())
@@ -134,6 +143,8 @@ fn empty_input(kind: Kind, x: &Array, axes: &[i64], keep: bool, s: &Stream, cpu:
         Dtype::U8 => (0, u8::MAX as i64),
         Dtype::I32 => (i32::MIN as i64, i32::MAX as i64),
         Dtype::I64 => (i64::MIN, i64::MAX),
+        // ONNX's identities: max of no bools is false (any), min true (all).
+        Dtype::Bool => (0, 1),
         _ => (0, 0),
     };
     let value = if dtype.is_float() {
@@ -208,6 +219,8 @@ mod spec {
     fn reduction(op: &'static str, input_since: u32, types: &'static [DType], positive: bool) -> BoxedStrategy<Case> {
         (select(types), nonempty_shape(1..=4), any::<u64>(), any::<(bool, bool)>(), 0..4u8, opset(11..=22), seed())
             .prop_map(move |(t, s, pick, (keep, noop), form, v, seed)| {
+                // Bool inputs from opset 20.
+                let v = if t == DType::Bool { v.max(20) } else { v };
                 let r = s.len();
                 let mut axes: Vec<i64> = (0..r as i64).filter(|i| pick >> i & 1 == 1).collect();
                 if form == 0 {
@@ -215,7 +228,9 @@ mod spec {
                 }
                 let neg = pick >> 10 & 1 == 1;
                 let written: Vec<i64> = axes.iter().map(|&a| if neg { a - r as i64 } else { a }).collect();
-                let vals = if positive {
+                let vals = if t == DType::Bool {
+                    Values::Uniform { lo: 0.0, hi: 2.0 }
+                } else if positive {
                     Values::Uniform { lo: 0.1, hi: 2.0 }
                 } else if t.is_float() {
                     Values::Uniform { lo: -2.0, hi: 2.0 }
@@ -255,8 +270,10 @@ mod spec {
 
     register_spec!(super::REDUCE_SUM, || reduction("ReduceSum", 13, NUM, false));
     register_spec!(super::REDUCE_MEAN, || reduction("ReduceMean", 18, FLOAT, false));
-    register_spec!(super::REDUCE_MAX, || reduction("ReduceMax", 18, NUM, false));
-    register_spec!(super::REDUCE_MIN, || reduction("ReduceMin", 18, NUM, false));
+    const NUM_BOOL: &[DType] = &[DType::F32, DType::F32, DType::F16, DType::I32, DType::I64, DType::Bool];
+
+    register_spec!(super::REDUCE_MAX, || reduction("ReduceMax", 18, NUM_BOOL, false));
+    register_spec!(super::REDUCE_MIN, || reduction("ReduceMin", 18, NUM_BOOL, false));
     register_spec!(super::REDUCE_PROD, || reduction("ReduceProd", 18, FLOAT, false));
     register_spec!(super::REDUCE_L1, || reduction("ReduceL1", 18, FLOAT, false));
     register_spec!(super::REDUCE_L2, || reduction("ReduceL2", 18, FLOAT, false));

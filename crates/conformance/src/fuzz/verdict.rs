@@ -321,6 +321,19 @@ pub const ONNX_WHERE_CPU_REFUSES: &[(&str, &str, &str)] = &[
          runtime weight; with a constant weight the CPU EP refuses the shape",
     ),
     (
+        "ReduceMax",
+        "is not defined for empty set with bool type",
+        "a bool reduction over no elements: ONNX defines it as the identity (false for ReduceMax) and its \
+         node test test_reduce_max_empty_set_bool expects that, as the MLX EP answers; ORT 1.31's CPU EP \
+         refuses it",
+    ),
+    (
+        "ReduceMin",
+        "is not defined for empty set with bool type",
+        "a bool reduction over no elements: ONNX defines it as the identity (true for ReduceMin), as the \
+         MLX EP answers; ORT 1.31's CPU EP refuses it",
+    ),
+    (
         "DFT",
         "DFT input signal dimension must be greater than zero",
         "an empty signal axis with a dft_length: ONNX zero-pads the signal to dft_length, so the \
