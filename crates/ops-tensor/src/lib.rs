@@ -16,6 +16,7 @@
 mod arrange;
 mod gather;
 mod generate;
+mod grid_sample;
 mod join;
 mod pad;
 mod resize;

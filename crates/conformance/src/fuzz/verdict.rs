@@ -261,6 +261,13 @@ pub const CPU_ANSWER_WRONG: &[(&str, &str, &str)] = &[
          reference implementation does",
     ),
     (
+        "GridSample",
+        "nan-inf",
+        "a NaN or infinite grid coordinate: the CPU EP casts it to an integer index, which C++ leaves \
+         undefined (here it reads the first pixel even with zeros padding); the MLX EP reads no pixel \
+         for it (zeros padding) or the clamped or reflected index",
+    ),
+    (
         "RNN",
         "nan-inf",
         "the CPU EP drops NaN and infinities: its HardSigmoid passes NaN over as 0, and with no \
