@@ -1,6 +1,7 @@
-//! GridSample (opset 16 on) over two spatial axes: `X` `[N, C, H, W]` sampled at the normalized
-//! points of `grid` `[N, Ho, Wo, 2]` (x along W, y along H) by nearest, bilinear or bicubic
-//! interpolation, with zeros, border or reflection padding and both `align_corners` forms, as
+//! GridSample (opset 16 on): `X` `[N, C, H, W]` sampled at the normalized points of `grid`
+//! `[N, Ho, Wo, 2]` (x along W, y along H) by nearest, bilinear or bicubic interpolation, and
+//! `[N, C, D, H, W]` at `[N, Do, Ho, Wo, 3]` by nearest or trilinear (ORT's CPU EP has no
+//! volumetric cubic), with zeros, border or reflection padding and both `align_corners` forms, as
 //! ORT's CPU EP computes them: the padding applies to each pixel read (a zero outside, the
 //! index clamped, or the index reflected by the bounds `align_corners` sets), the weights come
 //! from the unpadded coordinates. The samples are gathers from the flattened image, the
@@ -58,10 +59,12 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 2, 2)?;
     require_input_type(node, 0, &[ElemType::F32])?;
     require_input_type(node, 1, &[ElemType::F32])?;
-    attributes(node).map_err(Decline)?;
+    let (mode, ..) = attributes(node).map_err(Decline)?;
     match node.input(0).and_then(|v| v.rank()) {
         Some(4) | None => Ok(()),
-        Some(r) => Err(Decline(format!("X has rank {r}; the MLX EP samples two spatial axes (rank 4)"))),
+        Some(5) if mode != Mode::Cubic => Ok(()),
+        Some(5) => Err(Decline::new("cubic sampling of three spatial axes (ORT's CPU EP refuses it too)")),
+        Some(r) => Err(Decline(format!("X has rank {r}; the MLX EP samples two or three spatial axes"))),
     }
 }
 
@@ -82,10 +85,10 @@ impl Axis {
 struct Sampler<'a> {
     s: &'a Stream,
     padding: Padding,
-    /// `X` as `[N, C, H * W]`.
+    /// `X` as `[N, C, D * H * W]` (or `H * W`).
     image: Array,
-    h: Axis,
-    w: Axis,
+    /// The spatial axes, outermost first.
+    axes: Vec<Axis>,
 }
 
 impl Sampler<'_> {
@@ -126,34 +129,40 @@ impl Sampler<'_> {
         Ok(ops::clip(v, Some(&self.k(0.0)?), Some(&self.k((axis.len - 1) as f64)?), self.s)?)
     }
 
-    /// The pixels at integer-valued float indices `(r, c)` (`[N, P]`), with the padding applied
-    /// to each index: `[N, C, P]`.
-    fn pixels(&self, r: &Array, c: &Array) -> Result<Array> {
+    /// The pixels at integer-valued float indices `at` (one `[N, P]` array per spatial axis,
+    /// outermost first), with the padding applied to each index: `[N, C, P]`.
+    fn pixels(&self, at: &[Array]) -> Result<Array> {
         let s = self.s;
-        let (r, c, inside) = match self.padding {
-            Padding::Zeros => {
-                let ok = |v: &Array, a: &Axis| -> Result<Array> {
-                    Ok(ops::logical_and(
+        let mut inside: Option<Array> = None;
+        let mut flat: Option<Array> = None;
+        for (v, a) in at.iter().zip(&self.axes) {
+            let index = match self.padding {
+                Padding::Zeros => {
+                    let ok = ops::logical_and(
                         &ops::greater_equal(v, &self.k(0.0)?, s)?,
                         &ops::less_equal(v, &self.k((a.len - 1) as f64)?, s)?,
                         s,
-                    )?)
-                };
-                let inside = ops::logical_and(&ok(r, &self.h)?, &ok(c, &self.w)?, s)?;
-                (self.clamp(r, &self.h)?, self.clamp(c, &self.w)?, Some(inside))
-            }
-            Padding::Border => (self.clamp(r, &self.h)?, self.clamp(c, &self.w)?, None),
-            Padding::Reflection => {
-                let r = ops::trunc(&self.reflect(r, &self.h)?, s)?;
-                let c = ops::trunc(&self.reflect(c, &self.w)?, s)?;
+                    )?;
+                    inside = Some(match inside {
+                        Some(all) => ops::logical_and(&all, &ok, s)?,
+                        None => ok,
+                    });
+                    self.clamp(v, a)?
+                }
+                Padding::Border => self.clamp(v, a)?,
                 // Within bounds already; clamped so a read can never leave the image.
-                (self.clamp(&r, &self.h)?, self.clamp(&c, &self.w)?, None)
-            }
-        };
-        let flat = ops::add(&ops::multiply(&r, &self.k(self.w.len as f64)?, s)?, &c, s)?;
+                Padding::Reflection => self.clamp(&ops::trunc(&self.reflect(v, a)?, s)?, a)?,
+            };
+            flat = Some(match flat {
+                Some(outer) => ops::add(&ops::multiply(&outer, &self.k(a.len as f64)?, s)?, &index, s)?,
+                None => index,
+            });
+        }
+        let flat = flat.ok_or("no spatial axis")?;
         // Clamped again as integers: a NaN coordinate survives the float clamps, and a gather
         // past the image must never happen.
-        let last = ops::scalar((self.h.len * self.w.len - 1) as f64, Dtype::I32, s)?;
+        let size: i64 = self.axes.iter().map(|a| a.len).product();
+        let last = ops::scalar((size - 1) as f64, Dtype::I32, s)?;
         let zero = ops::scalar(0.0, Dtype::I32, s)?;
         let index = ops::clip(&ops::astype(&flat, Dtype::I32, s)?, Some(&zero), Some(&last), s)?;
         let index = ops::expand_dims(&index, 1, s)?;
@@ -193,30 +202,33 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
     let grid = ctx.input(1)?;
     let (xs, gs) = (x.shape(), grid.shape());
-    if xs.len() != 4 {
-        bail!("X has shape {xs:?}; the MLX EP samples two spatial axes (rank 4)");
+    let dims = xs.len().saturating_sub(2);
+    if !(2..=3).contains(&dims) || (dims == 3 && mode == Mode::Cubic) {
+        bail!("X has shape {xs:?}; the MLX EP samples two spatial axes, or three without cubic mode");
     }
-    let (n, c, h, w) = (xs[0], xs[1], xs[2], xs[3]);
-    if gs.len() != 4 || gs[0] != n || gs[3] != 2 {
-        bail!("grid has shape {gs:?}; X of shape {xs:?} needs [{n}, H_out, W_out, 2]");
+    let (n, c) = (xs[0], xs[1]);
+    if gs.len() != dims + 2 || gs[0] != n || gs[dims + 1] != dims as i64 {
+        bail!("grid has shape {gs:?}; X of shape {xs:?} needs [{n}, out..., {dims}]");
     }
-    let (ho, wo) = (gs[1], gs[2]);
-    let points = ho * wo;
+    let out_spatial = &gs[1..=dims];
+    let points: i64 = out_spatial.iter().product();
+    let mut out_shape = vec![n, c];
+    out_shape.extend_from_slice(out_spatial);
     if n * c * points == 0 {
-        return Ok(vec![ops::broadcast_to(&ops::scalar(0.0, x.dtype(), s)?, &[n, c, ho, wo], s)?]);
+        return Ok(vec![ops::broadcast_to(&ops::scalar(0.0, x.dtype(), s)?, &out_shape, s)?]);
     }
-    if h * w == 0 {
+    let in_size: i64 = xs[2..].iter().product();
+    if in_size == 0 {
         bail!("X has an empty spatial axis (shape {xs:?}): there is nothing to sample");
     }
     let sampler = Sampler {
         s,
         padding,
-        image: ops::reshape(x, &[n, c, h * w], s)?,
-        h: Axis::new(h, align),
-        w: Axis::new(w, align),
+        image: ops::reshape(x, &[n, c, in_size], s)?,
+        axes: xs[2..].iter().map(|&len| Axis::new(len, align)).collect(),
     };
-    let g = ops::reshape(grid, &[n, points, 2], s)?;
-    let parts = ops::split_at(&g, &[1], 2, s)?;
+    let g = ops::reshape(grid, &[n, points, dims as i64], s)?;
+    let parts = ops::split_at(&g, &(1..dims as i64).collect::<Vec<_>>(), 2, s)?;
     let k = |v: f64| ops::scalar(v, Dtype::F32, s);
     // Normalized to pixel coordinates.
     let denormalize = |v: &Array, len: i64| -> Result<Array> {
@@ -229,55 +241,74 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             ops::divide(&ops::subtract(&scaled, &one, s)?, &k(2.0)?, s)?
         })
     };
-    let mut px = denormalize(&parts[0], w)?;
-    let mut py = denormalize(&parts[1], h)?;
-    if mode == Mode::Nearest {
-        px = ops::round(&px, s)?;
-        py = ops::round(&py, s)?;
+    // The grid's last axis lists x (innermost) first: reversed to the axes' order.
+    let mut coords = Vec::with_capacity(dims);
+    for (i, a) in sampler.axes.iter().enumerate() {
+        coords.push(denormalize(&parts[dims - 1 - i], a.len)?);
     }
+    let wgt = |a: &Array| ops::expand_dims(a, 1, s);
     let y = match mode {
-        Mode::Nearest => sampler.pixels(&py, &px)?,
+        Mode::Nearest => {
+            let at: Vec<Array> = coords.iter().map(|v| ops::round(v, s)).collect::<std::result::Result<_, _>>()?;
+            sampler.pixels(&at)?
+        }
         Mode::Linear => {
-            let (x1, y1) = (ops::floor(&px, s)?, ops::floor(&py, s)?);
-            let (x2, y2) = (ops::add(&x1, &k(1.0)?, s)?, ops::add(&y1, &k(1.0)?, s)?);
-            let (dx1, dx2) = (ops::subtract(&px, &x1, s)?, ops::subtract(&x2, &px, s)?);
-            let (dy1, dy2) = (ops::subtract(&py, &y1, s)?, ops::subtract(&y2, &py, s)?);
-            let wgt = |a: &Array| ops::expand_dims(a, 1, s);
-            let row = |r: &Array, dx1: &Array, dx2: &Array| -> Result<Array> {
-                let left = ops::multiply(&wgt(dx2)?, &sampler.pixels(r, &x1)?, s)?;
-                let right = ops::multiply(&wgt(dx1)?, &sampler.pixels(r, &x2)?, s)?;
-                Ok(ops::add(&left, &right, s)?)
-            };
-            let top = ops::multiply(&wgt(&dy2)?, &row(&y1, &dx1, &dx2)?, s)?;
-            let bottom = ops::multiply(&wgt(&dy1)?, &row(&y2, &dx1, &dx2)?, s)?;
-            ops::add(&top, &bottom, s)?
+            // Every corner of the cell: per axis the lower index (weight upper - x) or the upper
+            // one (weight x - lower).
+            let lower: Vec<Array> = coords.iter().map(|v| ops::floor(v, s)).collect::<std::result::Result<_, _>>()?;
+            let mut acc: Option<Array> = None;
+            for corner in 0..1usize << dims {
+                let mut at = Vec::with_capacity(dims);
+                let mut weight: Option<Array> = None;
+                for d in 0..dims {
+                    let upper = corner >> (dims - 1 - d) & 1 == 1;
+                    let index = if upper { ops::add(&lower[d], &k(1.0)?, s)? } else { lower[d].clone() };
+                    let w = if upper {
+                        ops::subtract(&coords[d], &lower[d], s)?
+                    } else {
+                        ops::subtract(&ops::add(&lower[d], &k(1.0)?, s)?, &coords[d], s)?
+                    };
+                    weight = Some(match weight {
+                        Some(prod) => ops::multiply(&prod, &w, s)?,
+                        None => w,
+                    });
+                    at.push(index);
+                }
+                let term = ops::multiply(&wgt(&weight.ok_or("no spatial axis")?)?, &sampler.pixels(&at)?, s)?;
+                acc = Some(match acc {
+                    Some(sum) => ops::add(&sum, &term, s)?,
+                    None => term,
+                });
+            }
+            acc.ok_or("no corner")?
         }
         Mode::Cubic => {
-            let (fx, fy) = (ops::floor(&px, s)?, ops::floor(&py, s)?);
-            let wx = cubic_weights(&ops::subtract(&px, &fx, s)?, s)?;
-            let wy = cubic_weights(&ops::subtract(&py, &fy, s)?, s)?;
+            let (py, px) = (&coords[0], &coords[1]);
+            let (fx, fy) = (ops::floor(px, s)?, ops::floor(py, s)?);
+            let wx = cubic_weights(&ops::subtract(px, &fx, s)?, s)?;
+            let wy = cubic_weights(&ops::subtract(py, &fy, s)?, s)?;
             let mut acc: Option<Array> = None;
             for (i, wyi) in wy.iter().enumerate() {
                 let r = ops::add(&fy, &k(i as f64 - 1.0)?, s)?;
                 let mut row: Option<Array> = None;
                 for (j, wxj) in wx.iter().enumerate() {
                     let col = ops::add(&fx, &k(j as f64 - 1.0)?, s)?;
-                    let term = ops::multiply(&ops::expand_dims(wxj, 1, s)?, &sampler.pixels(&r, &col)?, s)?;
+                    let term = ops::multiply(&wgt(wxj)?, &sampler.pixels(&[r.clone(), col])?, s)?;
                     row = Some(match row {
                         Some(sum) => ops::add(&sum, &term, s)?,
                         None => term,
                     });
                 }
-                let term = ops::multiply(&ops::expand_dims(wyi, 1, s)?, &row.expect("four taps"), s)?;
+                let term = ops::multiply(&wgt(wyi)?, &row.ok_or("no tap")?, s)?;
                 acc = Some(match acc {
                     Some(sum) => ops::add(&sum, &term, s)?,
                     None => term,
                 });
             }
-            acc.expect("four rows")
+            acc.ok_or("no row")?
         }
     };
-    Ok(vec![ops::reshape(&y, &[n, c, ho, wo], s)?])
+    Ok(vec![ops::reshape(&y, &out_shape, s)?])
 }
 
 ep_core::register_lowering!(
@@ -299,14 +330,15 @@ mod spec {
 
     register_spec!(super::GRID_SAMPLE, || {
         (
-            (1..=2i64, 1..=3i64, 1..=5i64, 1..=5i64),
-            (1..=4i64, 1..=4i64),
+            (1..=2i64, 1..=3i64, collection::vec(1..=5i64, 3), collection::vec(1..=4i64, 3)),
             select(&["nearest", "linear", "cubic"][..]),
             select(&["zeros", "border", "reflection"][..]),
-            any::<(bool, bool)>(),
+            any::<(bool, bool, bool)>(),
             seed(),
         )
-            .prop_map(|((n, c, h, w), (ho, wo), mode, padding, (align, v20), seed)| {
+            .prop_map(|((n, c, input, output), mode, padding, (align, v20, volume), seed)| {
+                // Three spatial axes without cubic mode (ORT's CPU EP has none).
+                let dims = if volume && mode != "cubic" { 3 } else { 2 };
                 let (v, mode) = if v20 {
                     (20, mode)
                 } else {
@@ -319,15 +351,22 @@ mod spec {
                         },
                     )
                 };
+                let mut x = vec![n, c];
+                x.extend_from_slice(&input[..dims]);
+                let mut grid = vec![n];
+                grid.extend_from_slice(&output[..dims]);
+                grid.push(dims as i64);
+                let mut y = vec![n, c];
+                y.extend_from_slice(&output[..dims]);
                 // Points past the image too, so every padding mode is exercised.
                 Case::op("GridSample", v)
                     .with_seed(seed)
-                    .input("X", DType::F32, &[n, c, h, w])
-                    .input_with("grid", DType::F32, &[n, ho, wo, 2], Values::Uniform { lo: -1.6, hi: 1.6 })
+                    .input("X", DType::F32, &x)
+                    .input_with("grid", DType::F32, &grid, Values::Uniform { lo: -1.6, hi: 1.6 })
                     .attr_str("mode", mode)
                     .attr_str("padding_mode", padding)
                     .attr_int("align_corners", align as i64)
-                    .output("Y", DType::F32, &[n, c, ho, wo])
+                    .output("Y", DType::F32, &y)
             })
             .boxed()
     });
