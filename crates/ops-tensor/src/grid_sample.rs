@@ -323,6 +323,87 @@ ep_core::register_lowering!(
     }
 );
 
+/// AffineGrid (opset 20): the sampling grid of affine matrices `theta` (`[N, 2, 3]` or
+/// `[N, 3, 4]`) over an output of `size` (`[N, C, H, W]` or `[N, C, D, H, W]`): each point's
+/// normalized coordinates (x innermost, then y, z), homogeneous, times `theta`.
+fn claim_affine(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 2, 2)?;
+    require_input_type(node, 0, &[ElemType::F32])?;
+    require_input_type(node, 1, &[ElemType::I64])?;
+    match node.attr_int("align_corners", 0)? {
+        0 | 1 => Ok(()),
+        v => Err(Decline(format!("align_corners={v} is not 0 or 1"))),
+    }
+}
+
+fn lower_affine(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let align = node.attr_int("align_corners", 0)? == 1;
+    let theta = ctx.input(0)?.clone();
+    let size = ctx.host_i64(1)?;
+    let ts = theta.shape();
+    let dims = size.len().saturating_sub(2);
+    if !(2..=3).contains(&dims) || ts.len() != 3 || ts[0] != size[0] || ts[1] != dims as i64 || ts[2] != dims as i64 + 1
+    {
+        bail!(
+            "theta has shape {ts:?} and size is {size:?}: AffineGrid takes [N, 2, 3] with [N, C, H, W] or [N, 3, 4] with [N, C, D, H, W]"
+        );
+    }
+    let spatial = &size[2..];
+    if let Some(&d) = spatial.iter().find(|&&d| d < 1) {
+        bail!("size {size:?} has a spatial dimension of {d}; each must be positive (as ORT's CPU EP requires)");
+    }
+    let mut out_shape = vec![size[0]];
+    out_shape.extend_from_slice(spatial);
+    out_shape.push(dims as i64 + 1);
+    // (Before any host work: the base grid has a row of dims + 1 values per point.)
+    ep_core::lowering::check_shape(&out_shape, Dtype::F32)?;
+    let points: i64 = spatial.iter().product();
+    // Normalized coordinates of one axis, as ONNX's reference computes them.
+    // (An axis of one point with align_corners: -1, as ONNX's reference and PyTorch put it;
+    // ORT's CPU EP puts it at +1.)
+    let line = |n: i64| -> Vec<f64> {
+        if align {
+            if n == 1 { vec![-1.0] } else { (0..n).map(|i| -1.0 + 2.0 * i as f64 / (n - 1) as f64).collect() }
+        } else {
+            let step = 2.0 / n as f64;
+            (0..n).map(|i| -1.0 + step / 2.0 + step * i as f64).collect()
+        }
+    };
+    let lines: Vec<Vec<f64>> = spatial.iter().map(|&n| line(n)).collect();
+    // Rows of (x, y[, z], 1), points in row-major order of the spatial axes.
+    let mut base = Vec::with_capacity((points as usize) * (dims + 1));
+    for p in 0..points {
+        let mut rest = p;
+        let mut at = vec![0i64; dims];
+        for d in (0..dims).rev() {
+            at[d] = rest % spatial[d];
+            rest /= spatial[d];
+        }
+        for d in (0..dims).rev() {
+            base.push(lines[d][at[d] as usize] as f32);
+        }
+        base.push(1.0);
+    }
+    let s = ctx.stream();
+    let base = Array::from_slice(&base, &[points, dims as i64 + 1])?;
+    // [P, dims + 1] x [N, dims + 1, dims] -> [N, P, dims].
+    let grid = ops::matmul(&base, &ops::transpose_axes(&theta, &[0, 2, 1], s)?, s)?;
+    *out_shape.last_mut().expect("the point axis") = dims as i64;
+    Ok(vec![ops::reshape(&grid, &out_shape, s)?])
+}
+
+ep_core::register_lowering!(
+    AFFINE_GRID = FnLowering {
+        domain: "",
+        op: "AffineGrid",
+        opsets: 20..=i32::MAX,
+        claim: claim_affine,
+        lower: lower_affine,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
 #[cfg(feature = "conformance")]
 mod spec {
     use conformance_spec::strategy::*;
@@ -367,6 +448,35 @@ mod spec {
                     .attr_str("padding_mode", padding)
                     .attr_int("align_corners", align as i64)
                     .output("Y", DType::F32, &y)
+            })
+            .boxed()
+    });
+
+    register_spec!(super::AFFINE_GRID, || {
+        (1..=2i64, 1..=3i64, collection::vec(1..=5i64, 3), any::<(bool, bool)>(), seed())
+            .prop_map(|(n, c, mut spatial, (align, volume), seed)| {
+                let dims = if volume { 3 } else { 2 };
+                // An axis of 1 with align_corners: ONNX's reference (and PyTorch) put its point
+                // at -1, as the MLX EP does; ORT's CPU EP at +1.
+                if align {
+                    spatial.iter_mut().for_each(|d| *d = (*d).max(2));
+                }
+                let mut size = vec![n, c];
+                size.extend_from_slice(&spatial[..dims]);
+                let mut grid = vec![n];
+                grid.extend_from_slice(&spatial[..dims]);
+                grid.push(dims as i64);
+                Case::op("AffineGrid", 20)
+                    .with_seed(seed)
+                    .input_with(
+                        "theta",
+                        DType::F32,
+                        &[n, dims as i64, dims as i64 + 1],
+                        Values::Uniform { lo: -1.5, hi: 1.5 },
+                    )
+                    .constant_i64("size", &size)
+                    .attr_int("align_corners", align as i64)
+                    .output("grid", DType::F32, &grid)
             })
             .boxed()
     });
