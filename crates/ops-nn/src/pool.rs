@@ -5,7 +5,7 @@
 use crate::window::{Window, windows};
 use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, ops};
-use ep_core::{CompileSafety, Decline, LowerCtx, NodeInfo, Result, bail};
+use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
@@ -16,7 +16,12 @@ enum Kind {
 
 fn claim_pool(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 1, 1)?;
-    require_input_type(node, 0, FLOATS)?;
+    // MaxPool takes 8-bit integers too (opset 12 on), compared exactly in float32.
+    if node.op_type == "MaxPool" && node.since_version >= 12 {
+        require_input_type(node, 0, &[FLOATS, &[ElemType::I8, ElemType::U8]].concat())?;
+    } else {
+        require_input_type(node, 0, FLOATS)?;
+    }
     if node.outputs.iter().skip(1).any(Option::is_some) {
         return Err(Decline::new("the Indices output of MaxPool is not supported"));
     }
@@ -238,8 +243,11 @@ mod spec {
 
     fn pool(op: &'static str) -> BoxedStrategy<Case> {
         let geometry = (1..=3usize, 1..=3i64, 1..=2i64, 1..=2i64, 0..=1i64, any::<(bool, bool)>());
-        (select(&[DType::F32, DType::F32, DType::F16][..]), geometry, opset(12..=22), seed())
+        let types = select(&[DType::F32, DType::F32, DType::F16, DType::I8, DType::U8][..]);
+        (types, geometry, opset(12..=22), seed())
             .prop_map(move |(t, (dims, k, stride, dil, pad, (ceil, include)), v, seed)| {
+                // 8-bit integers only for MaxPool.
+                let t = if op != "MaxPool" && matches!(t, DType::I8 | DType::U8) { DType::F32 } else { t };
                 let dil = if op == "MaxPool" || v >= 19 { dil } else { 1 };
                 let dil = if op == "LpPool" { 1 } else { dil };
                 let ceil = ceil && op != "LpPool";
