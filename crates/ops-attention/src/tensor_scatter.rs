@@ -1,6 +1,7 @@
 //! TensorScatter (opset 24): the ONNX KV-cache update. `present = past` with, for each batch
 //! `b`, the slice `write_indices[b] .. write_indices[b] + update.shape[axis]` along `axis`
-//! replaced by `update[b]` (`mode = "linear"`).
+//! replaced by `update[b]` (`mode = "linear"`), or the rows written at positions taken modulo
+//! the cache length (`mode = "circular"`: a write past the end wraps to the start).
 //!
 //! The output is declared an in-place update of `past_cache`: when ORT binds `present_cache`
 //! to the buffer of `past_cache` (a cache shared by past and present), only the written rows
@@ -22,6 +23,18 @@ impl TensorScatter {
             return Err(format!("axis {axis} must name a non-batch axis of a rank-{rank} cache"));
         }
         Ok(a as usize)
+    }
+}
+
+impl TensorScatter {
+    /// Whether `mode` is "circular" (else "linear").
+    fn circular(node: &NodeInfo) -> std::result::Result<bool, String> {
+        match node.attr("mode") {
+            None => Ok(false),
+            Some(ep_core::AttrValue::String(m)) if m == "linear" => Ok(false),
+            Some(ep_core::AttrValue::String(m)) if m == "circular" => Ok(true),
+            Some(other) => Err(format!("mode {other:?} is not \"linear\" or \"circular\"")),
+        }
     }
 }
 
@@ -49,11 +62,7 @@ impl Lowering for TensorScatter {
         {
             return Err(Decline(format!("write_indices has type {:?}; expected int64", idx.elem_type)));
         }
-        match node.attr("mode") {
-            None => {}
-            Some(ep_core::AttrValue::String(m)) if m == "linear" => {}
-            Some(other) => return Err(Decline(format!("mode {other:?} is not supported (only \"linear\")"))),
-        }
+        Self::circular(node).map_err(Decline)?;
         Self::axis(node, rank)?;
         Ok(())
     }
@@ -76,25 +85,39 @@ impl Lowering for TensorScatter {
             bail!("{} write indices for a batch of {batch}", starts.len());
         }
         let rows = us[axis];
+        let circular = Self::circular(node).map_err(Error::new)?;
+        let len = ps[axis];
         // Slices of the cache per batch entry: the dimensions between the batch and the axis.
         let per_batch: usize = ps[1..axis].iter().map(|&d| d as usize).product();
         let mut present = past;
         let mut patches = Vec::new();
         for (b, &start) in starts.iter().enumerate() {
-            if start < 0 || start + rows > ps[axis] {
-                bail!("write index {start} + {rows} rows exceeds the cache length {} (batch {b})", ps[axis]);
+            if start < 0 {
+                bail!("write index {start} is negative (batch {b})");
+            }
+            // A circular write starts at the index modulo the cache length, as ORT's CPU EP reads it.
+            let start = if circular { start % len } else { start };
+            if !circular && start + rows > len {
+                bail!("write index {start} + {rows} rows exceeds the cache length {len} (batch {b})");
             }
             let b = b as i64;
-            let mut lo = vec![0i64; ps.len()];
-            let mut hi = us.clone();
-            lo[0] = b;
-            hi[0] = b + 1;
-            let piece = ops::slice(&update, &lo, &hi, s)?;
-            lo[axis] = start;
-            hi[axis] = start + rows;
-            present = ops::slice_update(&present, &piece, &lo, &hi, s)?;
-            let first = b as usize * per_batch;
-            patches.extend((first..first + per_batch).map(|outer| (outer, start as usize..(start + rows) as usize)));
+            // One run of rows, or two where a circular write wraps past the end.
+            let first_run = rows.min(len - start);
+            let runs = [(0, start, first_run), (first_run, 0, rows - first_run)];
+            for &(from, at, n) in runs.iter().filter(|r| r.2 > 0) {
+                let mut lo = vec![0i64; ps.len()];
+                let mut hi = us.clone();
+                lo[0] = b;
+                hi[0] = b + 1;
+                lo[axis] = from;
+                hi[axis] = from + n;
+                let piece = ops::slice(&update, &lo, &hi, s)?;
+                lo[axis] = at;
+                hi[axis] = at + n;
+                present = ops::slice_update(&present, &piece, &lo, &hi, s)?;
+                let first = b as usize * per_batch;
+                patches.extend((first..first + per_batch).map(|outer| (outer, at as usize..(at + n) as usize)));
+            }
         }
         ctx.write_back_rows(0, &present, axis, patches, 0)?;
         Ok(vec![present])
@@ -130,7 +153,9 @@ mod spec {
                 let len = 1 + len_pick.index(past[axis] as usize) as i64;
                 let mut update = past.clone();
                 update[axis] = len;
-                let room = past[axis] - len + 1;
+                // Circular writes may start anywhere in the cache and wrap.
+                let circular = form != 0 && seed % 3 == 0;
+                let room = if circular { past[axis] } else { past[axis] - len + 1 };
                 let mut case = Case::op("TensorScatter", 24).input("past", t, &past).input("update", t, &update);
                 if form != 0 {
                     case = case.input_with(
@@ -139,6 +164,9 @@ mod spec {
                         &[past[0]],
                         Values::Uniform { lo: 0.0, hi: room as f64 },
                     );
+                }
+                if circular {
+                    case = case.attr_str("mode", "circular");
                 }
                 let axis_attr = if form == 2 { axis as i64 - r as i64 } else { axis as i64 };
                 let case = if form == 1 && axis == r - 2 { case } else { case.attr_int("axis", axis_attr) };
