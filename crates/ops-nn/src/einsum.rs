@@ -1,4 +1,4 @@
-//! Einsum (MLX's einsum, with ONNX's subscript spelling) and `com.microsoft` FusedMatMul
+//! Einsum (MLX's einsum, with ONNX's subscript spelling) and `com.microsoft` FusedMatMul and its earlier name TransposeMatMul
 //! (`alpha * op(A) @ op(B)`, transposes of the last two dims).
 
 use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs, require_types};
@@ -94,6 +94,19 @@ ep_core::register_lowering!(
     }
 );
 
+// ORT's earlier name of FusedMatMul, the same op.
+ep_core::register_lowering!(
+    TRANSPOSE_MATMUL = FnLowering {
+        domain: "com.microsoft",
+        op: "TransposeMatMul",
+        opsets: 1..=i32::MAX,
+        claim: claim_fused_matmul,
+        lower: lower_fused_matmul,
+        safety: CompileSafety::Shapeless,
+        growth: None,
+    }
+);
+
 #[cfg(feature = "conformance")]
 mod spec {
     use conformance_spec::strategy::*;
@@ -125,14 +138,14 @@ mod spec {
             .boxed()
     });
 
-    register_spec!(super::FUSED_MATMUL, || {
+    fn fused_matmul(op: &'static str) -> BoxedStrategy<Case> {
         (float_dtype(), shape(0..=2), (1..=4i64, 1..=5i64, 1..=4i64), any::<(bool, bool)>(), seed())
             .prop_map(|(t, batch, (m, k, n), (ta, tb), seed)| {
                 let batch: Vec<i64> = batch.iter().map(|&d| d.max(1)).collect();
                 let a = [batch.clone(), if ta { vec![k, m] } else { vec![m, k] }].concat();
                 let b = [batch.clone(), if tb { vec![n, k] } else { vec![k, n] }].concat();
                 let y = [batch, vec![m, n]].concat();
-                Case::domain_op("com.microsoft", "FusedMatMul", 1)
+                Case::domain_op("com.microsoft", op, 1)
                     .input("a", t, &a)
                     .input("b", t, &b)
                     .attr_int("transA", ta as i64)
@@ -142,5 +155,8 @@ mod spec {
                     .with_seed(seed)
             })
             .boxed()
-    });
+    }
+
+    register_spec!(super::FUSED_MATMUL, || fused_matmul("FusedMatMul"));
+    register_spec!(super::TRANSPOSE_MATMUL, || fused_matmul("TransposeMatMul"));
 }

@@ -1,5 +1,5 @@
 //! The ONNX quantization ops on integer tensors: DequantizeLinear and QuantizeLinear (per
-//! tensor, per axis, blocked), DynamicQuantizeLinear, MatMulInteger and QLinearMatMul.
+//! tensor, per axis, blocked; `com.microsoft`'s earlier forms too), DynamicQuantizeLinear, MatMulInteger and QLinearMatMul.
 //!
 //! Integer arithmetic is exact: MLX multiplies matrices in floating point only, so integer
 //! matrix products are split into chunks of 256 along K, where every partial sum of 8-bit
@@ -419,6 +419,45 @@ ep_core::register_lowering!(
     }
 );
 
+fn claim_ms_dequantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    if node.attr("block_size").is_some() {
+        return Err(Decline::new("com.microsoft DequantizeLinear has no block_size"));
+    }
+    claim_dequantize(node)
+}
+
+fn claim_ms_quantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    if node.attr("block_size").is_some() {
+        return Err(Decline::new("com.microsoft QuantizeLinear has no block_size"));
+    }
+    claim_quantize(node)
+}
+
+// ORT's earlier forms (per tensor or per axis), the same computations.
+ep_core::register_lowering!(
+    MS_DEQUANTIZE_LINEAR = FnLowering {
+        domain: "com.microsoft",
+        op: "DequantizeLinear",
+        opsets: 1..=i32::MAX,
+        claim: claim_ms_dequantize,
+        lower: lower_dequantize,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
+ep_core::register_lowering!(
+    MS_QUANTIZE_LINEAR = FnLowering {
+        domain: "com.microsoft",
+        op: "QuantizeLinear",
+        opsets: 1..=i32::MAX,
+        claim: claim_ms_quantize,
+        lower: lower_quantize,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
 ep_core::register_lowering!(
     DYNAMIC_QUANTIZE_LINEAR = FnLowering {
         domain: "",
@@ -526,6 +565,39 @@ mod spec {
                     case = case.attr_int("block_size", block);
                 }
                 case.attr_int("axis", axis).output("y", t, &shape).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    /// A per-tensor or per-axis layout (com.microsoft's forms have no blocks).
+    fn unblocked() -> BoxedStrategy<(Vec<i64>, i64, i64, Vec<i64>)> {
+        layout().prop_map(|(shape, axis, block, p)| if block > 0 { (shape, 1, 0, vec![]) } else { (shape, axis, block, p) }).boxed()
+    }
+
+    register_spec!(super::MS_DEQUANTIZE_LINEAR, || {
+        (qtype(), unblocked(), any::<bool>(), seed())
+            .prop_map(|(t, (shape, axis, _, p), zp, seed)| {
+                let mut case = Case::domain_op("com.microsoft", "DequantizeLinear", 1)
+                    .input_with("x", t, &shape, full_range(t))
+                    .input_with("scale", DType::F32, &p, Values::Uniform { lo: 0.01, hi: 2.0 });
+                if zp {
+                    case = case.input_with("zero_point", t, &p, full_range(t));
+                }
+                case.attr_int("axis", axis).output("y", DType::F32, &shape).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!(super::MS_QUANTIZE_LINEAR, || {
+        (qtype(), unblocked(), seed())
+            .prop_map(|(t, (shape, axis, _, p), seed)| {
+                Case::domain_op("com.microsoft", "QuantizeLinear", 1)
+                    .input_with("x", DType::F32, &shape, Values::Uniform { lo: -300.0, hi: 300.0 })
+                    .input_with("scale", DType::F32, &p, Values::Uniform { lo: 0.25, hi: 2.0 })
+                    .input_with("zero_point", t, &p, full_range(t))
+                    .attr_int("axis", axis)
+                    .output("y", t, &shape)
+                    .with_seed(seed)
             })
             .boxed()
     });

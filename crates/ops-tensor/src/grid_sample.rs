@@ -5,7 +5,7 @@
 //! ORT's CPU EP computes them: the padding applies to each pixel read (a zero outside, the
 //! index clamped, or the index reflected by the bounds `align_corners` sets), the weights come
 //! from the unpadded coordinates. The samples are gathers from the flattened image, the
-//! weights elementwise.
+//! weights elementwise. `com.microsoft` GridSample, ORT's earlier form, is the 2-D case.
 
 use ep_core::lowering::{FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -323,6 +323,27 @@ ep_core::register_lowering!(
     }
 );
 
+fn claim_ms(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    claim(node)?;
+    match node.input(0).and_then(|v| v.rank()) {
+        Some(4) | None => Ok(()),
+        Some(r) => Err(Decline(format!("X has rank {r}; com.microsoft GridSample samples two spatial axes"))),
+    }
+}
+
+// ORT's earlier form (opset 16's names, two spatial axes), the same computation.
+ep_core::register_lowering!(
+    MS_GRID_SAMPLE = FnLowering {
+        domain: "com.microsoft",
+        op: "GridSample",
+        opsets: 1..=i32::MAX,
+        claim: claim_ms,
+        lower,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
 /// AffineGrid (opset 20): the sampling grid of affine matrices `theta` (`[N, 2, 3]` or
 /// `[N, 3, 4]`) over an output of `size` (`[N, C, H, W]` or `[N, C, D, H, W]`): each point's
 /// normalized coordinates (x innermost, then y, z), homogeneous, times `theta`.
@@ -448,6 +469,27 @@ mod spec {
                     .attr_str("padding_mode", padding)
                     .attr_int("align_corners", align as i64)
                     .output("Y", DType::F32, &y)
+            })
+            .boxed()
+    });
+
+    register_spec!(super::MS_GRID_SAMPLE, || {
+        (
+            (1..=2i64, 1..=3i64, collection::vec(1..=5i64, 2), collection::vec(1..=4i64, 2)),
+            select(&["nearest", "bilinear", "bicubic"][..]),
+            select(&["zeros", "border", "reflection"][..]),
+            any::<bool>(),
+            seed(),
+        )
+            .prop_map(|((n, c, input, output), mode, padding, align, seed)| {
+                Case::domain_op("com.microsoft", "GridSample", 1)
+                    .with_seed(seed)
+                    .input("X", DType::F32, &[n, c, input[0], input[1]])
+                    .input_with("grid", DType::F32, &[n, output[0], output[1], 2], Values::Uniform { lo: -1.6, hi: 1.6 })
+                    .attr_str("mode", mode)
+                    .attr_str("padding_mode", padding)
+                    .attr_int("align_corners", align as i64)
+                    .output("Y", DType::F32, &[n, c, output[0], output[1]])
             })
             .boxed()
     });

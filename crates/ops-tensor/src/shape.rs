@@ -1,4 +1,4 @@
-//! Shape manipulation: Reshape, Flatten, Squeeze, Unsqueeze, Identity, Shape, Size, Transpose,
+//! Shape manipulation: Reshape, Flatten, Squeeze, Unsqueeze (and `com.microsoft` ExpandDims), Identity, Shape, Size, Transpose,
 //! Expand, Tile.
 
 use ep_core::lowering::{ALL_TYPES, FnLowering, normalize_axis, require_input_type, require_inputs, require_types};
@@ -181,6 +181,42 @@ ep_core::register_lowering!(
     }
 );
 
+fn claim_expand_dims(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 2, 2)?;
+    require_input_type(node, 0, ALL_TYPES)?;
+    require_input_type(node, 1, &[ElemType::I32])
+}
+
+/// `com.microsoft` ExpandDims: a dim of 1 inserted at `axis` (input 1, an int32 scalar read
+/// on the host), negative counting from the end of the output, as ORT's CPU EP reads it.
+fn lower_expand_dims(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    let mut shape = x.shape();
+    let axis = match ctx.host_i64(1)?.as_slice() {
+        &[a] => a,
+        other => bail!("axis must hold one value, not {}", other.len()),
+    };
+    let r = shape.len() as i64;
+    if axis < -r - 1 || axis > r {
+        bail!("axis {axis} is out of range for rank {r} (from {} to {r})", -r - 1);
+    }
+    let at = if axis < 0 { axis + r + 1 } else { axis } as usize;
+    shape.insert(at, 1);
+    Ok(vec![ops::reshape(x, &shape, ctx.stream())?])
+}
+
+ep_core::register_lowering!(
+    EXPAND_DIMS = FnLowering {
+        domain: "com.microsoft",
+        op: "ExpandDims",
+        opsets: 1..=MAX,
+        claim: claim_expand_dims,
+        lower: lower_expand_dims,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
 fn claim_identity(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 1, 1)?;
     require_types(node, ALL_TYPES)
@@ -358,7 +394,7 @@ ep_core::register_lowering!(
 mod spec {
     use crate::spec_util::*;
     use conformance_spec::strategy::*;
-    use conformance_spec::{Case, DType, register_spec};
+    use conformance_spec::{Case, DType, Values, register_spec};
 
     register_spec!(super::RESHAPE, || {
         (any_dtype(), nonempty_shape(0..=4), any::<prop::sample::Index>(), 0..3u8, opset(5..=22), seed())
@@ -422,6 +458,23 @@ mod spec {
                     (false, false) => case.attr_ints("axes", &axes),
                 };
                 case.output("y", t, &out).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!(super::EXPAND_DIMS, || {
+        (any_dtype(), shape(0..=3), any::<prop::sample::Index>(), any::<bool>(), seed())
+            .prop_map(|(t, s, pick, neg, seed)| {
+                let r = s.len();
+                let at = pick.index(r + 1);
+                let axis = if neg { at as i64 - r as i64 - 1 } else { at as i64 };
+                let mut out = s.clone();
+                out.insert(at, 1);
+                Case::domain_op("com.microsoft", "ExpandDims", 1)
+                    .input("x", t, &s)
+                    .constant("axis", DType::I32, &[], Values::Data(vec![axis as f64]))
+                    .output("y", t, &out)
+                    .with_seed(seed)
             })
             .boxed()
     });
