@@ -12,6 +12,7 @@ mod conv;
 mod conv_integer;
 mod dropout;
 mod einsum;
+mod linalg;
 mod lrn;
 mod matmul;
 mod norm;
