@@ -1,6 +1,7 @@
 //! `ai.onnx.ml` lowerings (the classical machine-learning operators scikit-learn exporters
 //! emit), where inputs and outputs are tensors: Binarizer, Scaler, Normalizer,
-//! ArrayFeatureExtractor, LinearRegressor. Ops with string inputs or outputs stay on ORT's CPU EP.
+//! ArrayFeatureExtractor, LinearRegressor, Imputer, OneHotEncoder, LabelEncoder,
+//! FeatureVectorizer. Ops with string inputs or outputs stay on ORT's CPU EP.
 //!
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`] and end it with
@@ -9,6 +10,7 @@
 //! (`conformance_spec::register_spec!`, behind the `conformance` feature).
 #![forbid(unsafe_code)]
 
+mod encode;
 mod feature_extractor;
 mod linear;
 mod scale;

@@ -267,6 +267,7 @@ reduce_axes! {
     prod_axes => mlx_prod_axes;
     logsumexp_axes => mlx_logsumexp_axes;
     all_axes => mlx_all_axes;
+    any_axes => mlx_any_axes;
 }
 
 macro_rules! arg_reduce {
