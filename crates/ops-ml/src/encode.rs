@@ -118,11 +118,20 @@ fn lower_one_hot(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> 
     let cats = ints(node, "cats_int64s");
     let c = cats.len();
     // The last index of each category wins: earlier duplicates never match.
-    let kept: Vec<i64> = (0..c)
-        .map(|i| if cats[i + 1..].contains(&cats[i]) { i64::MIN } else { cats[i] })
-        .collect();
+    let last: Vec<bool> = (0..c).map(|i| !cats[i + 1..].contains(&cats[i])).collect();
+    let finite = if x.dtype() == Dtype::I64 {
+        None
+    } else {
+        // A float outside int64's range (or NaN) is no category.
+        let limit = ops::scalar(9.2e18, Dtype::F32, s)?;
+        Some(ops::less(&ops::abs(&x, s)?, &limit, s)?)
+    };
     let x = if x.dtype() == Dtype::I64 { x } else { ops::astype(&ops::trunc(&x, s)?, Dtype::I64, s)? };
-    let hit = matches(&x, &Array::from_slice(&kept, &[c as i64])?, false, s)?;
+    let hit = matches(&x, &Array::from_slice(cats, &[c as i64])?, false, s)?;
+    let mut hit = ops::logical_and(&hit, &Array::from_slice(&last, &[c as i64])?, s)?;
+    if let Some(finite) = finite {
+        hit = ops::logical_and(&hit, &ops::expand_dims(&finite, -1, s)?, s)?;
+    }
     if node.attr_int("zeros", 1)? == 0 {
         let known = ops::any_axes(&hit, &[-1], false, s)?;
         ctx.check(&known, "an input holds an unknown category and zeros = 0")?;
@@ -248,11 +257,12 @@ fn lower_vectorizer(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
     let dims = ints(node, "inputdimensions");
     let s = ctx.stream();
     let rows = |a: &Array| if a.ndim() == 1 { 1 } else { a.shape()[0] };
+    let columns = |a: &Array| if a.ndim() == 1 { a.shape()[0] } else { a.shape()[1..].iter().product() };
     let n = rows(ctx.input(0)?);
     let mut parts = Vec::with_capacity(dims.len());
     for (k, &width) in dims.iter().enumerate() {
         let x = ctx.input(k)?;
-        let x = ops::astype(&ops::reshape(x, &[rows(x), -1], s)?, Dtype::F32, s)?;
+        let x = ops::astype(&ops::reshape(x, &[rows(x), columns(x)], s)?, Dtype::F32, s)?;
         let (r, c) = (x.shape()[0], x.shape()[1]);
         if r != n {
             bail!("input {k} has {r} rows and input 0 {n}: every input must have the same batch size");
@@ -338,11 +348,13 @@ mod spec {
                     case.input_with("x", DType::F32, &s, Values::Uniform { lo: -2.0, hi: 6.0 })
                         .attr("keys_floats", Attr::Floats(keys.iter().map(|&k| k as f32).collect()))
                 } else {
-                    case.input_with("x", DType::I64, &s, Values::Uniform { lo: -2.0, hi: 6.0 }).attr_ints("keys_int64s", &keys)
+                    case.input_with("x", DType::I64, &s, Values::Uniform { lo: -2.0, hi: 6.0 })
+                        .attr_ints("keys_int64s", &keys)
                 };
                 let values: Vec<i64> = (0..k).map(|i| i * 3 + 7).collect();
                 let case = if float_values {
-                    let case = case.attr("values_floats", Attr::Floats(values.iter().map(|&v| v as f32 * 0.5).collect()));
+                    let case =
+                        case.attr("values_floats", Attr::Floats(values.iter().map(|&v| v as f32 * 0.5).collect()));
                     let case = if default { case.attr_float("default_float", 2.5) } else { case };
                     case.output("y", DType::F32, &s)
                 } else {

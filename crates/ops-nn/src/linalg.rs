@@ -50,7 +50,8 @@ fn pivot(a: &Array, k: i64, n: i64, s: &Stream) -> Result<(Array, Array)> {
     let p = ops::astype(&ops::argmax_axis(&col, 1, true, s)?, Dtype::I32, s)?; // [b, 1]
     let kk = ops::scalar(k as f64, Dtype::I32, s)?;
     let rows = ops::reshape(&rows, &[1, n], s)?;
-    let perm = ops::where_(&ops::equal(&rows, &kk, s)?, &p, &ops::where_(&ops::equal(&rows, &p, s)?, &kk, &rows, s)?, s)?;
+    let perm =
+        ops::where_(&ops::equal(&rows, &kk, s)?, &p, &ops::where_(&ops::equal(&rows, &p, s)?, &kk, &rows, s)?, s)?;
     let m = a.shape()[2];
     let perm = ops::broadcast_to(&ops::reshape(&perm, &[b, n, 1], s)?, &[b, n, m], s)?;
     let swapped = ops::reshape(&ops::not_equal(&p, &kk, s)?, &[b, 1, 1], s)?;
@@ -65,6 +66,12 @@ fn column(a: &Array, k: i64, s: &Stream) -> Result<(Array, Array)> {
     Ok((col, p))
 }
 
+/// `[b, 1, 1]`: whether matrix `i` of `a` (`[b, n, m]`) holds a NaN (which makes every entry of
+/// its answer NaN, as ORT's CPU EP gives it).
+fn holds_nan(a: &Array, s: &Stream) -> Result<Array> {
+    Ok(ops::any_axes(&ops::isnan(a, s)?, &[1, 2], true, s)?)
+}
+
 fn claim_det(node: &NodeInfo) -> std::result::Result<(), Decline> {
     claim_square(node, &[ElemType::F32, ElemType::F16])
 }
@@ -77,6 +84,11 @@ fn lower_det(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
     let t = x.dtype();
     let (mut a, batch, n) = matrices(x, s)?;
     let b = a.shape()[0];
+    if b == 0 || n == 0 {
+        // No matrices, or 0 x 0 ones (whose determinant is 1).
+        return Ok(vec![ops::full(&batch, &ops::scalar(1.0, t, s)?, t, s)?]);
+    }
+    let poisoned = holds_nan(&a, s)?;
     let one = ops::scalar(1.0, Dtype::F32, s)?;
     let zero = ops::scalar(0.0, Dtype::F32, s)?;
     let mut det = ops::full(&[b, 1, 1], &one, Dtype::F32, s)?;
@@ -96,6 +108,7 @@ fn lower_det(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
         let row = ops::slice(&a, &[0, k, 0], &[b, k + 1, n], s)?;
         a = ops::subtract(&a, &ops::multiply(&factors, &row, s)?, s)?;
     }
+    let det = ops::where_(&poisoned, &ops::scalar(f64::NAN, Dtype::F32, s)?, &det, s)?;
     Ok(vec![ops::astype(&ops::reshape(&det, &batch, s)?, t, s)?])
 }
 
@@ -116,13 +129,17 @@ fn claim_inverse(node: &NodeInfo) -> std::result::Result<(), Decline> {
 }
 
 /// The inverse by Gauss-Jordan elimination of `[A | I]`: a singular matrix answers
-/// non-finite values, as a division by its zero pivot does.
+/// non-finite values, as a division by its zero pivot does; a matrix holding NaN answers NaN.
 fn lower_inverse(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let x = ctx.input(0)?;
     let (t, shape) = (x.dtype(), x.shape());
     let (a, _, n) = matrices(x, s)?;
     let b = a.shape()[0];
+    if b == 0 || n == 0 {
+        return Ok(vec![x.clone()]);
+    }
+    let poisoned = holds_nan(&a, s)?;
     let idx = ops::arange(0.0, n as f64, 1.0, Dtype::I32, s)?;
     let eye = ops::astype(
         &ops::equal(&ops::reshape(&idx, &[n, 1], s)?, &ops::reshape(&idx, &[1, n], s)?, s)?,
@@ -143,6 +160,7 @@ fn lower_inverse(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>>
         a = ops::where_(&on_k, &row, &a, s)?;
     }
     let inv = ops::slice(&a, &[0, 0, n], &[b, n, 2 * n], s)?;
+    let inv = ops::where_(&poisoned, &ops::scalar(f64::NAN, Dtype::F32, s)?, &inv, s)?;
     Ok(vec![ops::astype(&ops::reshape(&inv, &shape, s)?, t, s)?])
 }
 

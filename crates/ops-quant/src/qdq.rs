@@ -571,7 +571,9 @@ mod spec {
 
     /// A per-tensor or per-axis layout (com.microsoft's forms have no blocks).
     fn unblocked() -> BoxedStrategy<(Vec<i64>, i64, i64, Vec<i64>)> {
-        layout().prop_map(|(shape, axis, block, p)| if block > 0 { (shape, 1, 0, vec![]) } else { (shape, axis, block, p) }).boxed()
+        layout()
+            .prop_map(|(shape, axis, block, p)| if block > 0 { (shape, 1, 0, vec![]) } else { (shape, axis, block, p) })
+            .boxed()
     }
 
     register_spec!(super::MS_DEQUANTIZE_LINEAR, || {

@@ -485,7 +485,12 @@ mod spec {
                 Case::domain_op("com.microsoft", "GridSample", 1)
                     .with_seed(seed)
                     .input("X", DType::F32, &[n, c, input[0], input[1]])
-                    .input_with("grid", DType::F32, &[n, output[0], output[1], 2], Values::Uniform { lo: -1.6, hi: 1.6 })
+                    .input_with(
+                        "grid",
+                        DType::F32,
+                        &[n, output[0], output[1], 2],
+                        Values::Uniform { lo: -1.6, hi: 1.6 },
+                    )
                     .attr_str("mode", mode)
                     .attr_str("padding_mode", padding)
                     .attr_int("align_corners", align as i64)

@@ -71,6 +71,13 @@ impl Verdict {
 /// the operator's definition rules out.
 pub const CPU_LENIENT: &[(&str, &[&str], &str, &str)] = &[
     (
+        "com.microsoft:Inverse",
+        SHAPES,
+        "is not a stack of square matrices",
+        "the CPU EP inverts a non-square input without checking its last two dims (it reads past the \
+         matrix, and crashes on some shapes)",
+    ),
+    (
         "com.microsoft:SkipSimplifiedLayerNormalization",
         SHAPES,
         "cannot be broadcast",
@@ -196,6 +203,21 @@ pub const ONNX_OVER_CPU: &[(&str, &str, &str, &str)] = &[
 /// Different answers where ORT's CPU EP answers wrongly or has no defined answer, shown by
 /// hand: `(op, mutation, why)`; counted as *lenient* (never an answer where the CPU EP raised).
 pub const CPU_ANSWER_WRONG: &[(&str, &str, &str)] = &[
+    (
+        "Det",
+        "nan-inf",
+        "an infinite entry has no defined determinant: the CPU EP (Eigen) expands matrices up to 4 x 4 \
+         by closed-form cofactors and larger ones by LU, so where an infinity meets a zero or another \
+         infinity its NaN or infinity depends on the formula; the MLX EP eliminates every size by LU \
+         (both answer NaN for a matrix holding NaN)",
+    ),
+    (
+        "com.microsoft:Inverse",
+        "nan-inf",
+        "an infinite entry has no defined inverse: where an infinity meets a zero or another infinity \
+         the NaN or infinity of each entry depends on the elimination order; both EPs answer NaN for a \
+         matrix holding NaN",
+    ),
     (
         "Unique",
         "nan-inf",
