@@ -1,6 +1,6 @@
 //! `ai.onnx.ml` lowerings (the classical machine-learning operators scikit-learn exporters
 //! emit), where inputs and outputs are tensors: Binarizer, Scaler, Normalizer,
-//! ArrayFeatureExtractor, LinearRegressor, Imputer, OneHotEncoder, LabelEncoder,
+//! ArrayFeatureExtractor, LinearRegressor, LinearClassifier (int64 labels), Imputer, OneHotEncoder, LabelEncoder,
 //! FeatureVectorizer. Ops with string inputs or outputs stay on ORT's CPU EP.
 //!
 //! # Adding a lowering
