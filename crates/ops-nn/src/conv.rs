@@ -19,7 +19,7 @@ fn claim_conv(node: &NodeInfo) -> std::result::Result<(), Decline> {
     }
 }
 
-fn claim_conv_forward(node: &NodeInfo) -> std::result::Result<(), Decline> {
+pub(crate) fn claim_conv_forward(node: &NodeInfo) -> std::result::Result<(), Decline> {
     claim_conv(node)?;
     crate::window::claim_same_pad_dilation(node)
 }
@@ -93,7 +93,7 @@ fn to_channels_last(r: usize) -> Vec<i32> {
     std::iter::once(0).chain(2..r as i32).chain(std::iter::once(1)).collect()
 }
 
-fn lower_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+pub(crate) fn lower_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let x = ctx.input(0)?;
     let xs = x.shape();

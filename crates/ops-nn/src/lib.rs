@@ -12,6 +12,7 @@ mod conv;
 mod conv_integer;
 mod dropout;
 mod einsum;
+mod fused;
 mod linalg;
 mod lrn;
 mod matmul;
