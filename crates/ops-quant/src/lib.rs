@@ -11,6 +11,7 @@
 
 mod gather_block_quantized;
 mod matmul_nbits;
+mod matmul_to_float;
 mod qdq;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.

@@ -238,8 +238,12 @@ fn claim_dynamic(node: &NodeInfo) -> std::result::Result<(), Decline> {
 /// point `saturate(round(-min / scale))`, as ORT's CPU EP computes them: NaN elements take no
 /// part in the range and quantize to 0, and an undefined zero point (an infinite range) is 255.
 fn lower_dynamic(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
-    let s = ctx.stream();
-    let x = ctx.input(0)?;
+    let (q, scale, zp) = dynamic_uint8(ctx.input(0)?, ctx.stream())?;
+    Ok(vec![q, scale, zp])
+}
+
+/// [`lower_dynamic`]'s quantization of `x`: the uint8 values, the scale and the zero point.
+pub(crate) fn dynamic_uint8(x: &Array, s: &Stream) -> Result<(Array, Array, Array)> {
     let all: Vec<i32> = (0..x.ndim() as i32).collect();
     let zero = ops::scalar(0.0, Dtype::F32, s)?;
     let (hi, lo) = if x.size() == 0 {
@@ -260,12 +264,18 @@ fn lower_dynamic(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>>
     // A NaN (a NaN input, or an infinite one over an infinite scale) quantizes to 0.
     let q = ops::add(&ops::round(&ops::divide(x, &scale, s)?, s)?, &zp, s)?;
     let q = ops::where_(&ops::isnan(&q, s)?, &zero, &ops::clip(&q, Some(&zero), Some(&top), s)?, s)?;
-    Ok(vec![ops::astype(&q, Dtype::U8, s)?, scale, ops::astype(&zp, Dtype::U8, s)?])
+    Ok((ops::astype(&q, Dtype::U8, s)?, scale, ops::astype(&zp, Dtype::U8, s)?))
 }
 
 /// `(a - a_zp) @ (b - b_zp)` in int32, exactly: `a` `[.., M, K]`, `b` `[.., K, N]` of 8-bit
 /// integers; zero points scalars or per row of `a` / per column of `b`.
-fn integer_matmul(a: &Array, b: &Array, a_zp: Option<&Array>, b_zp: Option<&Array>, s: &Stream) -> Result<Array> {
+pub(crate) fn integer_matmul(
+    a: &Array,
+    b: &Array,
+    a_zp: Option<&Array>,
+    b_zp: Option<&Array>,
+    s: &Stream,
+) -> Result<Array> {
     let (sa, sb) = (a.shape(), b.shape());
     if sa.len() < 2 || sb.len() < 2 || sa[sa.len() - 1] != sb[sb.len() - 2] {
         bail!("cannot multiply {sa:?} by {sb:?}");

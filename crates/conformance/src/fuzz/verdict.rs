@@ -71,6 +71,38 @@ impl Verdict {
 /// the operator's definition rules out.
 pub const CPU_LENIENT: &[(&str, &[&str], &str, &str)] = &[
     (
+        "com.microsoft:MatMulIntegerToFloat",
+        SHAPES,
+        "must be one element",
+        "the CPU EP takes scale, zero point and bias shapes past the schema's one element or one per \
+         column (it swaps a and b scales that look swapped and broadcasts others against the product); \
+         the MLX EP refuses them with the reason",
+    ),
+    (
+        "com.microsoft:MatMulIntegerToFloat",
+        SHAPES,
+        "must hold one value per column",
+        "the CPU EP takes scale, zero point and bias shapes past the schema's one element or one per \
+         column (it swaps a and b scales that look swapped and broadcasts others against the product); \
+         the MLX EP refuses them with the reason",
+    ),
+    (
+        "com.microsoft:DynamicQuantizeMatMul",
+        SHAPES,
+        "must be one element",
+        "the CPU EP takes scale, zero point and bias shapes past the schema's one element or one per \
+         column (it swaps a and b scales that look swapped and broadcasts others against the product); \
+         the MLX EP refuses them with the reason",
+    ),
+    (
+        "com.microsoft:DynamicQuantizeMatMul",
+        SHAPES,
+        "must hold one value per column",
+        "the CPU EP takes scale, zero point and bias shapes past the schema's one element or one per \
+         column (it swaps a and b scales that look swapped and broadcasts others against the product); \
+         the MLX EP refuses them with the reason",
+    ),
+    (
         "com.microsoft:Inverse",
         SHAPES,
         "is not a stack of square matrices",
@@ -203,6 +235,13 @@ pub const ONNX_OVER_CPU: &[(&str, &str, &str, &str)] = &[
 /// Different answers where ORT's CPU EP answers wrongly or has no defined answer, shown by
 /// hand: `(op, mutation, why)`; counted as *lenient* (never an answer where the CPU EP raised).
 pub const CPU_ANSWER_WRONG: &[(&str, &str, &str)] = &[
+    (
+        "com.microsoft:DynamicQuantizeMatMul",
+        "nan-inf",
+        "A is quantized as DynamicQuantizeLinear quantizes (see there): the CPU EP's range of NaN input \
+         depends on its vectorized min/max, giving a NaN scale and product for some lengths; the MLX \
+         EP passes NaN over (quantized to the zero point's 0)",
+    ),
     (
         "ai.onnx.ml:LinearClassifier",
         "attr-out-of-range",
