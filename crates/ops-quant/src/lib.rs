@@ -13,6 +13,7 @@ mod gather_block_quantized;
 mod matmul_nbits;
 mod matmul_to_float;
 mod qdq;
+mod qlinear_activation;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
 pub fn link() -> ep_core::registry::Family {

@@ -147,7 +147,7 @@ fn range_of(t: ElemType) -> Result<(f64, f64)> {
 }
 
 /// The representable range of an integer type.
-fn range(t: Dtype) -> Result<(f64, f64)> {
+pub(crate) fn range(t: Dtype) -> Result<(f64, f64)> {
     Ok(match t {
         Dtype::I8 => (-128.0, 127.0),
         Dtype::U8 => (0.0, 255.0),
@@ -160,7 +160,14 @@ fn range(t: Dtype) -> Result<(f64, f64)> {
 /// `saturate(round(x / scale) + zero_point)` as `t` (saturating to `(lo, hi)`), in float32. As
 /// ORT's CPU EP converts them, a NaN becomes `lo`, and so does an infinity when the input was a
 /// half type (`half`).
-fn quantize(x: &Array, scale: &Array, zp: Option<&Array>, t: Dtype, range: (f64, f64), s: &Stream) -> Result<Array> {
+pub(crate) fn quantize(
+    x: &Array,
+    scale: &Array,
+    zp: Option<&Array>,
+    t: Dtype,
+    range: (f64, f64),
+    s: &Stream,
+) -> Result<Array> {
     quantize_from(x, scale, zp, t, range, false, s)
 }
 
