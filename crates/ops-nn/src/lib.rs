@@ -8,6 +8,7 @@
 //! (`conformance_spec::register_spec!`, behind the `conformance` feature).
 #![forbid(unsafe_code)]
 
+mod cdist;
 mod conv;
 mod conv_integer;
 mod dropout;
