@@ -13,6 +13,7 @@ mod conv;
 mod conv_integer;
 mod dropout;
 mod einsum;
+mod embed_layer_norm;
 mod fused;
 mod linalg;
 mod lrn;
