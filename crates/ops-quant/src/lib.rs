@@ -14,6 +14,7 @@ mod matmul_nbits;
 mod matmul_to_float;
 mod qdq;
 mod qlinear_activation;
+mod qlinear_concat;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
 pub fn link() -> ep_core::registry::Family {
