@@ -44,7 +44,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let y_scale = scalar(ctx.input(0)?, "y_scale", s)?;
     let y_zp = scalar(ctx.input(1)?, "y_zero_point", s)?;
     let t = ctx.input(1)?.dtype();
-    let mut parts = Vec::new();
+    let mut parts: Vec<Array> = Vec::new();
     for k in 0..(node.inputs.len() - 2) / 3 {
         let x = ctx.input(2 + 3 * k)?;
         let x_scale = scalar(ctx.input(3 + 3 * k)?, "a scale", s)?;
@@ -52,15 +52,18 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         let v = ops::multiply(&x_scale, &ops::subtract(&ops::astype(x, Dtype::F32, s)?, &x_zp, s)?, s)?;
         parts.push(quantize(&v, &y_scale, Some(&y_zp), t, range(t)?, s)?);
     }
-    // Empty inputs take no part, whatever their other dims (as ORT's CPU EP's Concat skips them).
-    if parts.iter().any(|p| p.size() > 0) {
-        parts.retain(|p| p.size() > 0);
-    }
     let rank = parts[0].ndim();
     if parts.iter().any(|p| p.ndim() != rank) {
         bail!("the inputs differ in rank");
     }
     let axis = normalize_axis(node.attr_int("axis", 0)?, rank)?;
+    let first = parts[0].shape();
+    for p in &parts[1..] {
+        let sh = p.shape();
+        if (0..rank).any(|d| d != axis && sh[d] != first[d]) {
+            bail!("the inputs' shapes {first:?} and {sh:?} must match exactly except for the concatenation axis");
+        }
+    }
     Ok(vec![ops::concatenate(&parts, axis as i32, s)?])
 }
 
