@@ -145,6 +145,12 @@ fn quick_gelu(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
     Ok(ops::multiply(x, &ops::sigmoid(&ops::multiply(x, &c(a, x, s)?, s)?, s)?, s)?)
 }
 
+/// Swish (opset 24): `x * sigmoid(alpha * x)`, alpha 1 by default.
+fn swish(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
+    let a = attr(node, "alpha", 1.0)?;
+    Ok(ops::multiply(x, &ops::sigmoid(&ops::multiply(x, &c(a, x, s)?, s)?, s)?, s)?)
+}
+
 fn ms_gelu(x: &Array, _: &NodeInfo, s: &Stream) -> Result<Array> {
     gelu_erf(x, s)
 }
@@ -173,6 +179,7 @@ activation! {
     MISH: "", "Mish", 18, claim_unary, mish;
     HARD_SIGMOID: "", "HardSigmoid", 6, claim_unary, hard_sigmoid;
     HARD_SWISH: "", "HardSwish", 14, claim_unary, hard_swish;
+    SWISH: "", "Swish", 24, claim_unary, swish;
     SOFTPLUS: "", "Softplus", 1, claim_unary, softplus;
     SOFTSIGN: "", "Softsign", 1, claim_unary, softsign;
     QUICK_GELU: MS, "QuickGelu", 1, claim_unary, quick_gelu;
@@ -282,7 +289,14 @@ mod spec {
         since: u32,
         attrs: fn(u64) -> Vec<(&'static str, Attr)>,
     ) -> BoxedStrategy<Case> {
-        let versions = if domain.is_empty() { since.max(7)..=22 } else { 1..=1 };
+        // (An op new past opset 22 at its own opset only: ORT 1.31 runs Swish's function body at 24 alone.)
+        let versions = if !domain.is_empty() {
+            1..=1
+        } else if since > 22 {
+            since..=since
+        } else {
+            since.max(7)..=22
+        };
         (float_dtype(), shape(0..=4), opset(versions), seed())
             .prop_map(move |(t, s, v, seed)| {
                 let mut case = Case::domain_op(domain, op, v).input_with("x", t, &s, Values::Special);
@@ -326,6 +340,7 @@ mod spec {
         if seed % 2 == 0 { vec![] } else { vec![("alpha", Attr::Float(0.3)), ("beta", Attr::Float(0.4))] }
     }));
     register_spec!(super::HARD_SWISH, || act("", "HardSwish", 14, none));
+    register_spec!(super::SWISH, || act("", "Swish", 24, alpha));
     register_spec!(super::SOFTPLUS, || act("", "Softplus", 1, none));
     register_spec!(super::SOFTSIGN, || act("", "Softsign", 1, none));
     register_spec!(super::QUICK_GELU, || act("com.microsoft", "QuickGelu", 1, alpha));
