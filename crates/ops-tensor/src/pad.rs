@@ -156,8 +156,76 @@ ep_core::register_lowering!(
     }
 );
 
+fn claim_center_crop_pad(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    ep_core::lowering::require_inputs(node, 2, 2)?;
+    require_input_type(node, 0, ALL_TYPES)?;
+    // (ORT 1.31 runs CenterCropPad's function body, which takes int64 sizes only.)
+    require_input_type(node, 1, &[ElemType::I64])?;
+    if node.input(0).and_then(|v| v.elem_type) == Some(ElemType::String) {
+        return Err(Decline::new("string input"));
+    }
+    Ok(())
+}
+
+/// CenterCropPad (opset 18): each of `axes` (all by default) cropped or zero-padded to its size
+/// in `shape` (read on the host), centered; an odd excess is cut, and an odd shortfall padded,
+/// at the end; a negative size empties the axis, as the op's function body computes it.
+fn lower_center_crop_pad(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?.clone();
+    let dims = x.shape();
+    let r = dims.len();
+    if r == 0 {
+        bail!("the input is a scalar: there is no axis to crop or pad (ORT's CPU EP refuses it too)");
+    }
+    let sizes = ctx.host_i64(1)?;
+    let axes: Vec<usize> = match node.attr_ints("axes")? {
+        Some(a) => a.iter().map(|&a| normalize_axis(a, r)).collect::<std::result::Result<_, _>>()?,
+        None => (0..r).collect(),
+    };
+    if sizes.len() != axes.len() {
+        bail!("shape has {} sizes for {} axes", sizes.len(), axes.len());
+    }
+    let (mut lo, mut hi) = (vec![0i64; r], vec![0i64; r]);
+    let (mut start, mut stop) = (vec![0i64; r], dims.clone());
+    for (&a, &t) in axes.iter().zip(&sizes) {
+        if t > i32::MAX as i64 {
+            bail!("size {t} for axis {a} is outside 0..=2^31-1 (MLX holds dimensions as 32-bit integers)");
+        }
+        // A negative size empties the axis, as the op's function body (its Slice) does.
+        let t = t.max(0);
+        let d = dims[a];
+        if t > d {
+            lo[a] = (t - d) / 2;
+            hi[a] = t - d - lo[a];
+        } else {
+            start[a] = (d - t) / 2;
+            stop[a] = start[a] + t;
+        }
+    }
+    let s = ctx.stream();
+    let y = ops::slice(&x, &start, &stop, s)?;
+    if lo.iter().chain(&hi).all(|&p| p == 0) {
+        return Ok(vec![y]);
+    }
+    let zero = ops::scalar(0.0, x.dtype(), s)?;
+    Ok(vec![ops::pad(&y, &lo, &hi, &zero, "constant", s)?])
+}
+
+ep_core::register_lowering!(
+    CENTER_CROP_PAD = FnLowering {
+        domain: "",
+        op: "CenterCropPad",
+        opsets: 18..=i32::MAX,
+        claim: claim_center_crop_pad,
+        lower: lower_center_crop_pad,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
 #[cfg(feature = "conformance")]
 mod spec {
+    use crate::spec_util::any_dtype;
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
@@ -230,6 +298,27 @@ mod spec {
                     case
                 };
                 case.attr_str("mode", mode).output("y", DType::F32, &out).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!(super::CENTER_CROP_PAD, || {
+        (any_dtype(), nonempty_shape(1..=3), collection::vec((0..=6i64, any::<bool>()), 3), any::<bool>(), seed())
+            .prop_map(|(t, s, targets, all, seed)| {
+                let axes: Vec<usize> =
+                    if all { (0..s.len()).collect() } else { (0..s.len()).filter(|&a| targets[a].1).collect() };
+                let sizes: Vec<i64> = axes.iter().map(|&a| targets[a].0).collect();
+                let mut out = s.clone();
+                for (&a, &n) in axes.iter().zip(&sizes) {
+                    out[a] = n;
+                }
+                let case = Case::op("CenterCropPad", 18).input("x", t, &s).constant_i64("shape", &sizes);
+                let case = if all {
+                    case
+                } else {
+                    case.attr_ints("axes", &axes.iter().map(|&a| a as i64).collect::<Vec<_>>())
+                };
+                case.output("y", t, &out).with_seed(seed)
             })
             .boxed()
     });
