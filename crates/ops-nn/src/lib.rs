@@ -1,4 +1,5 @@
 //! Neural-network lowerings: matrix products, convolutions, pooling, softmax forms, reductions,
+//! losses, small linear algebra (Det, Inverse), ORT's fused Gemm/Conv and embedding forms,
 //! normalizations.
 //!
 //! # Adding a lowering
@@ -16,6 +17,7 @@ mod einsum;
 mod embed_layer_norm;
 mod fused;
 mod linalg;
+mod loss;
 mod lrn;
 mod matmul;
 mod norm;
