@@ -25,6 +25,7 @@ mod norm_shapes;
 mod pool;
 mod reduce;
 mod softmax;
+mod unpool;
 mod window;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
