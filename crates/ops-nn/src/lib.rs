@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod cdist;
+mod col2im;
 mod conv;
 mod conv_integer;
 mod dropout;
