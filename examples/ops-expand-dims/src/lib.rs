@@ -1,6 +1,7 @@
 //! An out-of-tree style op crate: `com.microsoft:ExpandDims(x, axis)`, which inserts a size-1
 //! dim at `axis` (an int32 scalar input; negative counts from the end of the output). The
-//! project's own op families do not lower it. It uses nothing but `ep_core`'s public lowering
+//! example plugin bundles it without `ops-tensor` (which lowers the op too: two registrations of
+//! one op in one library are refused as duplicates). It uses nothing but `ep_core`'s public lowering
 //! API: a type implementing [`Lowering`], one [`ep_core::register_lowering!`] line, and a
 //! `link()` function the plugin library calls so the linker keeps the registration.
 #![forbid(unsafe_code)]
