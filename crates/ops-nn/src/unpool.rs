@@ -18,7 +18,10 @@ fn ints(node: &NodeInfo, name: &str, k: usize, default: i64) -> std::result::Res
     }
 }
 
-fn geometry(node: &NodeInfo) -> std::result::Result<(Vec<i64>, Vec<i64>, Vec<i64>), String> {
+/// Kernel, strides and pads (begins then ends).
+type Geometry = (Vec<i64>, Vec<i64>, Vec<i64>);
+
+fn geometry(node: &NodeInfo) -> std::result::Result<Geometry, String> {
     let kernel = node.attr_ints("kernel_shape")?.ok_or("kernel_shape is required")?.to_vec();
     let k = kernel.len();
     let strides = ints(node, "strides", k, 1)?;

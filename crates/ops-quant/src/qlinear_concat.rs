@@ -11,7 +11,7 @@ const Q8: &[ElemType] = &[ElemType::I8, ElemType::U8];
 
 fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     let n = node.inputs.len();
-    if n < 5 || (n - 2) % 3 != 0 {
+    if n < 5 || !(n - 2).is_multiple_of(3) {
         return Err(Decline(format!("{n} inputs: QLinearConcat takes y_scale, y_zero_point and triples")));
     }
     let zp_type = node.input(1).and_then(|v| v.elem_type);
