@@ -68,9 +68,11 @@ def test_mixed_graph():
         [
             helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
             helper.make_node("Relu", ["h"], ["r"], name="relu"),
-            # An op without an MLX lowering: replaces -1 (never a Relu output) by 0.5, so the identity.
-            helper.make_node("Imputer", ["r"], ["c"], name="impute", domain="ai.onnx.ml",
-                             imputed_value_floats=[0.5], replaced_value_float=-1.0),
+            # A form the MLX EP declines (it lowers LinearRegressor's post_transform NONE only):
+            # identity coefficients, so softmax(r).
+            helper.make_node("LinearRegressor", ["r"], ["c"], name="impute", domain="ai.onnx.ml",
+                             coefficients=np.eye(5, dtype=np.float32).ravel().tolist(), targets=5,
+                             post_transform="SOFTMAX"),
             helper.make_node("Softmax", ["c"], ["y"], name="softmax", axis=-1),
         ],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
@@ -85,7 +87,7 @@ def test_mixed_graph():
     want = cpu_session(m).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     r = np.maximum(x @ w, 0)
-    h = r.astype(np.float32)  # nothing for Imputer to replace
+    h = np.exp(r) / np.exp(r).sum(-1, keepdims=True)  # the declined regressor
     ref = np.exp(h) / np.exp(h).sum(-1, keepdims=True)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
 
@@ -113,9 +115,9 @@ def if_model(then_op):
     then_g = helper.make_graph(
         [
             helper.make_node(then_op, ["x", "W"], ["t_out"], name="then_node")
-            if then_op != "Imputer"
-            else helper.make_node("Imputer", ["x"], ["t_out"], name="then_node", domain="ai.onnx.ml",
-                                  imputed_value_floats=[0.5], replaced_value_float=-1.0)
+            if then_op != "RandomUniformLike"
+            # An op without an MLX lowering; seeded, so both sessions draw the same values.
+            else helper.make_node("RandomUniformLike", ["x"], ["t_out"], name="then_node", seed=1.0)
         ],
         "then",
         [],
@@ -160,7 +162,7 @@ def test_if_runs_whole_on_mlx():
 
 
 def test_if_with_an_unsupported_branch_node_stays_on_cpu():
-    check_if("Imputer", "CPUExecutionProvider")
+    check_if("RandomUniformLike", "CPUExecutionProvider")
 
 
 def test_int4_dequantize():
@@ -347,7 +349,7 @@ def main():
         return 2
     ort.register_execution_provider_library("MLX", lib)
     check("onnxruntime is the pinned 1.31.1", test_version)
-    check("mixed graph: claimed nodes on MLX, Imputer on CPU, outputs match", test_mixed_graph)
+    check("mixed graph: claimed nodes on MLX, a declined LinearRegressor on CPU, outputs match", test_mixed_graph)
     check("float16 graph on MLX", test_float16)
     check("If with outer-scope values: the whole node on MLX, both branches match", test_if_runs_whole_on_mlx)
     check("If whose branch has an unsupported node stays on CPU and matches", test_if_with_an_unsupported_branch_node_stays_on_cpu)

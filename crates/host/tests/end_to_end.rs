@@ -43,13 +43,16 @@ fn assert_on(assign: &[mlx_ep_host::Assignment], node: &str, ep: &str) {
 
 #[test]
 fn claimed_nodes_run_on_mlx_and_the_rest_on_cpu() -> Result<()> {
-    // MatMul -> Relu -> ai.onnx.ml Imputer (no MLX lowering) -> Softmax -> Tanh
+    // MatMul -> Relu -> ai.onnx.ml LinearRegressor with a SOFTMAX post transform (which the MLX
+    // EP declines: it lowers NONE only) -> Softmax -> Tanh
     let build = || {
         let x: Io = ("x", Float32, &[3, 8]);
         let y: Io = ("y", Float32, &[3, 5]);
-        let imputer = vec![
-            ort::operator::Attribute::new("imputed_value_floats", vec![0.5f32])?,
-            ort::operator::Attribute::new("replaced_value_float", -1.0f32)?,
+        let coefficients: Vec<f32> = (0..25).map(|i| (i % 7) as f32 * 0.25 - 0.75).collect();
+        let regressor = vec![
+            ort::operator::Attribute::new("coefficients", coefficients)?,
+            ort::operator::Attribute::new("targets", 5i64)?,
+            ort::operator::Attribute::new("post_transform", "SOFTMAX".to_string())?,
         ];
         graph_model_with_opsets(
             &[("", 17), ("ai.onnx.ml", 1)],
@@ -59,7 +62,7 @@ fn claimed_nodes_run_on_mlx_and_the_rest_on_cpu() -> Result<()> {
             vec![
                 node("MatMul", "mm", &["x", "W"], &["h"], vec![])?,
                 node("Relu", "relu", &["h"], &["r"], vec![])?,
-                domain_node("ai.onnx.ml", "Imputer", "impute", &["r"], &["c"], imputer)?,
+                domain_node("ai.onnx.ml", "LinearRegressor", "regress", &["r"], &["c"], regressor)?,
                 node("Softmax", "softmax", &["c"], &["s"], vec![])?,
                 node("Tanh", "tanh", &["s"], &["y"], vec![])?,
             ],
@@ -69,7 +72,7 @@ fn claimed_nodes_run_on_mlx_and_the_rest_on_cpu() -> Result<()> {
     for n in ["mm", "relu", "softmax", "tanh"] {
         assert_on(&assign, n, MLX_EP);
     }
-    assert_on(&assign, "impute", CPU_EP);
+    assert_on(&assign, "regress", CPU_EP);
     let mlx_partitions = assign.iter().filter(|a| a.ep == MLX_EP).count();
     assert_eq!(mlx_partitions, 2, "one partition on each side of the CPU node: {assign:?}");
     assert_close(&got, &expected, 1e-5, 1e-4);
