@@ -12,6 +12,7 @@
 //! - `ort_abi`: the ORT plugin C ABI (factory, EP, compute callbacks); the only other home of
 //!   `unsafe` besides `mlx`.
 
+pub mod activation;
 mod claims;
 pub mod error;
 pub mod exec;

@@ -4,24 +4,10 @@
 //! by side in float32), each as ORT's CPU EP computes it. String keys, values and categories stay
 //! on ORT's CPU EP.
 
-use crate::ML;
+use crate::{ML, floats, ints};
 use ep_core::lowering::{FnLowering, require_input_rank, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{AttrValue, CompileSafety, Decline, ElemType, Error, LowerCtx, NodeInfo, Result, bail};
-
-fn floats<'a>(node: &'a NodeInfo, name: &str) -> &'a [f32] {
-    match node.attr(name) {
-        Some(AttrValue::Floats(v)) => v,
-        _ => &[],
-    }
-}
-
-fn ints<'a>(node: &'a NodeInfo, name: &str) -> &'a [i64] {
-    match node.attr(name) {
-        Some(AttrValue::Ints(v)) => v,
-        _ => &[],
-    }
-}
 
 fn has_strings(node: &NodeInfo, name: &str) -> bool {
     matches!(node.attr(name), Some(AttrValue::Strings(v)) if !v.is_empty())

@@ -18,6 +18,22 @@ mod scale;
 /// The operator domain of this crate's ops.
 pub(crate) const ML: &str = "ai.onnx.ml";
 
+/// A float-list attribute, empty when absent (or of another kind).
+pub(crate) fn floats<'a>(node: &'a ep_core::NodeInfo, name: &str) -> &'a [f32] {
+    match node.attr(name) {
+        Some(ep_core::AttrValue::Floats(v)) => v,
+        _ => &[],
+    }
+}
+
+/// An int-list attribute, empty when absent (or of another kind).
+pub(crate) fn ints<'a>(node: &'a ep_core::NodeInfo, name: &str) -> &'a [i64] {
+    match node.attr(name) {
+        Some(ep_core::AttrValue::Ints(v)) => v,
+        _ => &[],
+    }
+}
+
 /// Referenced by the plugin so the linker keeps this crate's registrations.
 pub fn link() -> ep_core::registry::Family {
     ep_core::registry::Family { name: "ml" }

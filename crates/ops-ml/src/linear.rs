@@ -4,17 +4,10 @@
 //! with one class, the second label where the score is positive) and the scores after
 //! `post_transform` (NONE, LOGISTIC, SOFTMAX, SOFTMAX_ZERO), as ORT's CPU EP computes them.
 
-use crate::ML;
+use crate::{ML, floats, ints};
 use ep_core::lowering::{FnLowering, require_input_rank, require_inputs, require_types};
 use ep_core::mlx::{Array, ops};
 use ep_core::{AttrValue, CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result};
-
-fn floats<'a>(node: &'a NodeInfo, name: &str) -> &'a [f32] {
-    match node.attr(name) {
-        Some(AttrValue::Floats(v)) => v,
-        _ => &[],
-    }
-}
 
 fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 1, 1)?;
@@ -78,13 +71,6 @@ fn post_transform(node: &NodeInfo) -> std::result::Result<&str, Decline> {
         Some(other) => Err(Decline(format!(
             "post_transform={other:?} is not supported (NONE, LOGISTIC, SOFTMAX, SOFTMAX_ZERO are)"
         ))),
-    }
-}
-
-fn ints<'a>(node: &'a NodeInfo, name: &str) -> &'a [i64] {
-    match node.attr(name) {
-        Some(AttrValue::Ints(v)) => v,
-        _ => &[],
     }
 }
 

@@ -4,63 +4,10 @@
 //! `activation_alpha`/`_beta`/`_gamma`, FusedConv from `activation_params`, as ORT's CPU EP does;
 //! a parameter the activation needs and the node lacks declines it (ORT's CPU EP refuses it).
 
+use ep_core::activation::Activation;
 use ep_core::lowering::{FnLowering, Lowering, require_input_type};
-use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::mlx::{Array, Dtype, ops};
 use ep_core::{AttrValue, CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result};
-
-/// A fused activation with its parameters.
-#[derive(Clone, Copy, Debug)]
-enum Act {
-    Identity,
-    Relu,
-    Sigmoid,
-    Tanh,
-    Silu,
-    Softplus,
-    Softsign,
-    LeakyRelu(f64),
-    Elu(f64),
-    ThresholdedRelu(f64),
-    HardSigmoid(f64, f64),
-    Clip(f64, f64),
-}
-
-impl Act {
-    fn apply(self, x: &Array, s: &Stream) -> Result<Array> {
-        let t = x.dtype();
-        let c = |v: f64| ops::scalar(v, t, s);
-        Ok(match self {
-            Act::Identity => x.clone(),
-            Act::Relu => ops::maximum(x, &c(0.0)?, s)?,
-            Act::Sigmoid => ops::sigmoid(x, s)?,
-            Act::Tanh => ops::tanh(x, s)?,
-            Act::Silu => ops::multiply(x, &ops::sigmoid(x, s)?, s)?,
-            // log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|).
-            Act::Softplus => ops::add(
-                &ops::maximum(x, &c(0.0)?, s)?,
-                &ops::log1p(&ops::exp(&ops::negative(&ops::abs(x, s)?, s)?, s)?, s)?,
-                s,
-            )?,
-            Act::Softsign => ops::divide(x, &ops::add(&c(1.0)?, &ops::abs(x, s)?, s)?, s)?,
-            Act::LeakyRelu(a) => {
-                ops::where_(&ops::greater_equal(x, &c(0.0)?, s)?, x, &ops::multiply(x, &c(a)?, s)?, s)?
-            }
-            Act::Elu(a) => {
-                ops::where_(&ops::greater_equal(x, &c(0.0)?, s)?, x, &ops::multiply(&ops::expm1(x, s)?, &c(a)?, s)?, s)?
-            }
-            Act::ThresholdedRelu(a) => ops::where_(&ops::greater(x, &c(a)?, s)?, x, &c(0.0)?, s)?,
-            Act::HardSigmoid(a, b) => {
-                let y = ops::add(&ops::multiply(x, &c(a)?, s)?, &c(b)?, s)?;
-                ops::clip(&y, Some(&c(0.0)?), Some(&c(1.0)?), s)?
-            }
-            // A NaN bound bounds nothing, as ORT's CPU EP's vector min and max leave it.
-            Act::Clip(lo, hi) => {
-                let y = if lo.is_nan() { x.clone() } else { ops::maximum(x, &c(lo)?, s)? };
-                if hi.is_nan() { y } else { ops::minimum(&y, &c(hi)?, s)? }
-            }
-        })
-    }
-}
 
 fn activation_name(node: &NodeInfo) -> std::result::Result<Option<&str>, String> {
     match node.attr("activation") {
@@ -71,7 +18,7 @@ fn activation_name(node: &NodeInfo) -> std::result::Result<Option<&str>, String>
 }
 
 /// FusedGemm's activation: every name needs one (ORT's CPU EP refuses none).
-fn gemm_activation(node: &NodeInfo) -> std::result::Result<Act, String> {
+fn gemm_activation(node: &NodeInfo) -> std::result::Result<Activation, String> {
     let p = |name: &str| -> std::result::Result<f64, String> {
         match node.attr(name) {
             Some(AttrValue::Float(v)) => Ok(*v as f64),
@@ -79,21 +26,21 @@ fn gemm_activation(node: &NodeInfo) -> std::result::Result<Act, String> {
         }
     };
     Ok(match activation_name(node)?.ok_or("FusedGemm needs an activation")? {
-        "Relu" => Act::Relu,
-        "Sigmoid" => Act::Sigmoid,
-        "Tanh" => Act::Tanh,
-        "Softplus" => Act::Softplus,
-        "Softsign" => Act::Softsign,
-        "LeakyRelu" => Act::LeakyRelu(p("activation_alpha")?),
-        "Elu" => Act::Elu(p("activation_alpha")?),
-        "ThresholdedRelu" => Act::ThresholdedRelu(p("activation_alpha")?),
-        "HardSigmoid" => Act::HardSigmoid(p("activation_alpha")?, p("activation_beta")?),
+        "Relu" => Activation::Relu,
+        "Sigmoid" => Activation::Sigmoid,
+        "Tanh" => Activation::Tanh,
+        "Softplus" => Activation::Softplus,
+        "Softsign" => Activation::Softsign,
+        "LeakyRelu" => Activation::LeakyRelu(p("activation_alpha")?),
+        "Elu" => Activation::Elu(p("activation_alpha")?),
+        "ThresholdedRelu" => Activation::ThresholdedRelu(p("activation_alpha")?),
+        "HardSigmoid" => Activation::HardSigmoid(p("activation_alpha")?, p("activation_beta")?),
         other => return Err(format!("activation {other} is not lowered")),
     })
 }
 
 /// FusedConv's activation (none: the identity), its parameters in `activation_params`.
-fn conv_activation(node: &NodeInfo) -> std::result::Result<Act, String> {
+fn conv_activation(node: &NodeInfo) -> std::result::Result<Activation, String> {
     let params = match node.attr("activation_params") {
         Some(AttrValue::Floats(v)) => v.iter().map(|&v| v as f64).collect(),
         None => vec![],
@@ -107,22 +54,22 @@ fn conv_activation(node: &NodeInfo) -> std::result::Result<Act, String> {
         }
     };
     Ok(match activation_name(node)? {
-        None => Act::Identity,
-        Some("Relu") => Act::Relu,
-        Some("Tanh") => Act::Tanh,
-        Some("Sigmoid") => Act::Sigmoid,
-        Some("Silu") => Act::Silu,
+        None => Activation::Identity,
+        Some("Relu") => Activation::Relu,
+        Some("Tanh") => Activation::Tanh,
+        Some("Sigmoid") => Activation::Sigmoid,
+        Some("Silu") => Activation::Silu,
         Some("LeakyRelu") => {
             want(1)?;
-            Act::LeakyRelu(params[0])
+            Activation::LeakyRelu(params[0])
         }
         Some("Clip") => {
             want(2)?;
-            Act::Clip(params[0], params[1])
+            Activation::Clip(params[0], params[1])
         }
         Some("HardSigmoid") => {
             want(2)?;
-            Act::HardSigmoid(params[0], params[1])
+            Activation::HardSigmoid(params[0], params[1])
         }
         Some(other) => return Err(format!("activation {other} is not one FusedConv takes")),
     })

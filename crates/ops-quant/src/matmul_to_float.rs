@@ -3,12 +3,10 @@
 //! `b`'s scale and zero point per tensor or per column. DynamicQuantizeMatMul first quantizes
 //! its float `A` to uint8 as DynamicQuantizeLinear does (as ORT's CPU EP does).
 
-use crate::qdq::{dynamic_uint8, integer_matmul};
+use crate::qdq::{Q8, dynamic_uint8, integer_matmul, one_value};
 use ep_core::lowering::{FnLowering, require_input_rank, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
-
-const Q8: &[ElemType] = &[ElemType::I8, ElemType::U8];
 
 /// The scales, zero points and bias (inputs `from..`) have rank 0 or 1 where declared.
 fn claim_parameters(node: &NodeInfo, from: usize) -> std::result::Result<(), Decline> {
@@ -32,19 +30,12 @@ fn per_column(p: &Array, n: i64, what: &str, s: &Stream) -> Result<Array> {
     bail!("b's {what} of shape {sh:?} must be one element or one per column ({n})")
 }
 
-fn one_element(p: &Array, what: &str, s: &Stream) -> Result<Array> {
-    if p.size() != 1 {
-        bail!("{what} of shape {:?} must be one element", p.shape());
-    }
-    Ok(ops::reshape(p, &[], s)?)
-}
-
 /// `acc * (a_scale * b_scale) + bias` in float32.
 fn scale_back(acc: &Array, a_scale: &Array, b_scale: &Array, bias: Option<&Array>, s: &Stream) -> Result<Array> {
     let n = *acc.shape().last().unwrap_or(&1);
     let f = |a: &Array| ops::astype(a, Dtype::F32, s);
     let multiplier =
-        ops::multiply(&f(&one_element(a_scale, "a_scale", s)?)?, &f(&per_column(b_scale, n, "scale", s)?)?, s)?;
+        ops::multiply(&f(&one_value(a_scale, "a_scale", s)?)?, &f(&per_column(b_scale, n, "scale", s)?)?, s)?;
     let y = ops::multiply(&f(acc)?, &multiplier, s)?;
     match bias {
         // (An empty product reads no bias, as ORT's CPU EP.)
@@ -76,7 +67,7 @@ fn claim_to_float(node: &NodeInfo) -> std::result::Result<(), Decline> {
 fn lower_to_float(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let n = ctx.input(1)?.shape()[1];
-    let a_zp = ctx.optional_input(4).map(|z| one_element(z, "a_zero_point", s)).transpose()?;
+    let a_zp = ctx.optional_input(4).map(|z| one_value(z, "a_zero_point", s)).transpose()?;
     let b_zp = ctx.optional_input(5).map(|z| per_column(z, n, "zero point", s)).transpose()?;
     let acc = integer_matmul(ctx.input(0)?, ctx.input(1)?, a_zp.as_ref(), b_zp.as_ref(), s)?;
     Ok(vec![scale_back(&acc, ctx.input(2)?, ctx.input(3)?, ctx.optional_input(6), s)?])
@@ -131,19 +122,9 @@ ep_core::register_lowering!(
 
 #[cfg(feature = "conformance")]
 mod spec {
+    use crate::qdq::spec::{full_range, qtype};
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
-
-    fn full_range(t: DType) -> Values {
-        match t {
-            DType::I8 => Values::Uniform { lo: -128.0, hi: 128.0 },
-            _ => Values::Uniform { lo: 0.0, hi: 256.0 },
-        }
-    }
-
-    fn qtype() -> BoxedStrategy<DType> {
-        dtype_of(&[DType::I8, DType::U8])
-    }
 
     fn shapes() -> BoxedStrategy<(i64, i64, i64, i64)> {
         (1..=2i64, 1..=4i64, prop_oneof![1..=40i64, 250..=400i64], 1..=4i64).boxed()

@@ -13,6 +13,18 @@ use ep_core::{CompileSafety, Decline, Error, LowerCtx, NodeInfo, Result, bail};
 
 const FLOAT: &[ElemType] = &[ElemType::F32, ElemType::F16, ElemType::BF16];
 
+/// The 8-bit integer types of the quantized matrix and elementwise ops.
+pub(crate) const Q8: &[ElemType] = &[ElemType::I8, ElemType::U8];
+
+/// A scale or zero point that must hold one value (a scalar or a vector of one element, as
+/// ORT's CPU EP requires), as a float32 scalar.
+pub(crate) fn one_value(a: &Array, what: &str, s: &Stream) -> Result<Array> {
+    if a.size() != 1 || a.ndim() > 1 {
+        bail!("{what} of shape {:?} must be a scalar or a vector of one element", a.shape());
+    }
+    Ok(ops::reshape(&f32(a, s)?, &[], s)?)
+}
+
 fn f32(a: &Array, s: &Stream) -> Result<Array> {
     Ok(ops::astype(a, Dtype::F32, s)?)
 }
@@ -331,7 +343,7 @@ pub(crate) fn integer_matmul(
 fn claim_matmul_integer(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 2, 4)?;
     for i in 0..4 {
-        require_input_type(node, i, &[ElemType::I8, ElemType::U8])?;
+        require_input_type(node, i, Q8)?;
     }
     for i in [0, 1] {
         if ep_core::lowering::input_rank(node, i).is_none_or(|r| r < 2) {
@@ -364,7 +376,7 @@ fn lower_matmul_integer(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<
 fn claim_qlinear_matmul(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 8, 8)?;
     for i in [0, 2, 3, 5, 7] {
-        require_input_type(node, i, &[ElemType::I8, ElemType::U8])?;
+        require_input_type(node, i, Q8)?;
     }
     for i in [1, 4, 6] {
         require_input_type(node, i, &[ElemType::F32])?;
@@ -512,15 +524,15 @@ ep_core::register_lowering!(
 );
 
 #[cfg(feature = "conformance")]
-mod spec {
+pub(crate) mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
-    fn qtype() -> BoxedStrategy<DType> {
+    pub(crate) fn qtype() -> BoxedStrategy<DType> {
         dtype_of(&[DType::I8, DType::U8])
     }
 
-    fn full_range(t: DType) -> Values {
+    pub(crate) fn full_range(t: DType) -> Values {
         match t {
             DType::I8 => Values::Uniform { lo: -128.0, hi: 128.0 },
             _ => Values::Uniform { lo: 0.0, hi: 256.0 },

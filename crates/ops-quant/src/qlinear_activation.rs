@@ -3,12 +3,10 @@
 //! (`saturate(round_half_even(y / y_scale) + y_zero_point)`), the values ORT's CPU EP's
 //! 256-entry table holds for each byte.
 
-use crate::qdq::{quantize, range};
+use crate::qdq::{Q8, one_value, quantize, range};
 use ep_core::lowering::{FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
-use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
-
-const Q8: &[ElemType] = &[ElemType::I8, ElemType::U8];
+use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result};
 
 fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     // (Input 2, x's zero point, is optional ahead of the required y scale.)
@@ -26,11 +24,7 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
 }
 
 fn scalar_input(ctx: &LowerCtx<'_>, i: usize, s: &Stream) -> Result<Option<Array>> {
-    let Some(a) = ctx.optional_input(i) else { return Ok(None) };
-    if a.size() != 1 || a.ndim() > 1 {
-        bail!("input {i} of shape {:?} must be a scalar or a vector of one element", a.shape());
-    }
-    Ok(Some(ops::reshape(&ops::astype(a, Dtype::F32, s)?, &[], s)?))
+    ctx.optional_input(i).map(|a| one_value(a, &format!("input {i}"), s)).transpose()
 }
 
 fn lower_with(ctx: &mut LowerCtx<'_>, f: &dyn Fn(&Array, &Stream) -> Result<Array>) -> Result<Vec<Array>> {
@@ -87,18 +81,12 @@ ep_core::register_lowering!(
 
 #[cfg(feature = "conformance")]
 mod spec {
+    use crate::qdq::spec::{full_range, qtype};
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
-    fn full_range(t: DType) -> Values {
-        match t {
-            DType::I8 => Values::Uniform { lo: -128.0, hi: 128.0 },
-            _ => Values::Uniform { lo: 0.0, hi: 256.0 },
-        }
-    }
-
     fn case(op: &'static str) -> BoxedStrategy<Case> {
-        (dtype_of(&[DType::I8, DType::U8]), shape(0..=3), any::<bool>(), seed())
+        (qtype(), shape(0..=3), any::<bool>(), seed())
             .prop_map(move |(t, s, x_zp, seed)| {
                 let mut case = Case::domain_op("com.microsoft", op, 1)
                     .input_with("x", t, &s, full_range(t))

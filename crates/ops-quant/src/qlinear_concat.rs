@@ -2,12 +2,10 @@
 //! zero point (`saturate(round_half_even(x_scale * (x - x_zp) / y_scale) + y_zp)`, the values
 //! ORT's CPU EP's per-input byte table holds) and concatenated along `axis`.
 
-use crate::qdq::{quantize, range};
+use crate::qdq::{Q8, one_value, quantize, range};
 use ep_core::lowering::{FnLowering, normalize_axis, require_input_type};
-use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::mlx::{Array, Dtype, ops};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
-
-const Q8: &[ElemType] = &[ElemType::I8, ElemType::U8];
 
 fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     let n = node.inputs.len();
@@ -32,23 +30,16 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     Ok(())
 }
 
-fn scalar(a: &Array, what: &str, s: &Stream) -> Result<Array> {
-    if a.size() != 1 || a.ndim() > 1 {
-        bail!("{what} of shape {:?} must be a scalar or a vector of one element", a.shape());
-    }
-    Ok(ops::reshape(&ops::astype(a, Dtype::F32, s)?, &[], s)?)
-}
-
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
-    let y_scale = scalar(ctx.input(0)?, "y_scale", s)?;
-    let y_zp = scalar(ctx.input(1)?, "y_zero_point", s)?;
+    let y_scale = one_value(ctx.input(0)?, "y_scale", s)?;
+    let y_zp = one_value(ctx.input(1)?, "y_zero_point", s)?;
     let t = ctx.input(1)?.dtype();
     let mut parts: Vec<Array> = Vec::new();
     for k in 0..(node.inputs.len() - 2) / 3 {
         let x = ctx.input(2 + 3 * k)?;
-        let x_scale = scalar(ctx.input(3 + 3 * k)?, "a scale", s)?;
-        let x_zp = scalar(ctx.input(4 + 3 * k)?, "a zero point", s)?;
+        let x_scale = one_value(ctx.input(3 + 3 * k)?, "a scale", s)?;
+        let x_zp = one_value(ctx.input(4 + 3 * k)?, "a zero point", s)?;
         let v = ops::multiply(&x_scale, &ops::subtract(&ops::astype(x, Dtype::F32, s)?, &x_zp, s)?, s)?;
         parts.push(quantize(&v, &y_scale, Some(&y_zp), t, range(t)?, s)?);
     }
@@ -81,18 +72,12 @@ ep_core::register_lowering!(
 
 #[cfg(feature = "conformance")]
 mod spec {
+    use crate::qdq::spec::{full_range, qtype};
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
-    fn full_range(t: DType) -> Values {
-        match t {
-            DType::I8 => Values::Uniform { lo: -128.0, hi: 128.0 },
-            _ => Values::Uniform { lo: 0.0, hi: 256.0 },
-        }
-    }
-
     register_spec!(super::QLINEAR_CONCAT, || {
-        (dtype_of(&[DType::I8, DType::U8]), nonempty_shape(1..=3), 1..=3usize, any::<prop::sample::Index>(), seed())
+        (qtype(), nonempty_shape(1..=3), 1..=3usize, any::<prop::sample::Index>(), seed())
             .prop_map(|(t, s, count, pick, seed)| {
                 let axis = pick.index(s.len());
                 let scale = Values::Uniform { lo: 0.01, hi: 0.1 };

@@ -1,32 +1,8 @@
 //! The activation functions ONNX's recurrent ops name in `activations`, with the
-//! `activation_alpha` / `activation_beta` values they take.
+//! `activation_alpha` / `activation_beta` values they take, parsed into ep-core's shared
+//! [`Activation`].
 
-use ep_core::Result;
-use ep_core::mlx::{Array, Stream, ops};
-
-/// One activation with its parameters.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Activation {
-    Relu,
-    Tanh,
-    Sigmoid,
-    /// `alpha * x + beta`.
-    Affine(f64, f64),
-    /// `x` where `x >= 0`, else `alpha * x`.
-    LeakyRelu(f64),
-    /// `x` where `x > alpha`, else 0.
-    ThresholdedRelu(f64),
-    /// `alpha * tanh(beta * x)`.
-    ScaledTanh(f64, f64),
-    /// `min(max(alpha * x + beta, 0), 1)`.
-    HardSigmoid(f64, f64),
-    /// `x` where `x >= 0`, else `alpha * (e^x - 1)`.
-    Elu(f64),
-    /// `x / (1 + |x|)`.
-    Softsign,
-    /// `log(1 + e^x)`.
-    Softplus,
-}
+pub(crate) use ep_core::activation::Activation;
 
 /// The names ONNX defines, as spelled in its operator docs.
 const NAMES: &[&str] = &[
@@ -117,33 +93,4 @@ pub(crate) fn in_order(
             make(name, a, b)
         })
         .collect()
-}
-
-impl Activation {
-    pub fn apply(self, x: &Array, s: &Stream) -> Result<Array> {
-        let dt = x.dtype();
-        let k = |v: f64| ops::scalar(v, dt, s);
-        let zero = k(0.0)?;
-        Ok(match self {
-            Activation::Relu => ops::maximum(x, &zero, s)?,
-            Activation::Tanh => ops::tanh(x, s)?,
-            Activation::Sigmoid => ops::sigmoid(x, s)?,
-            Activation::Affine(a, b) => ops::add(&ops::multiply(x, &k(a)?, s)?, &k(b)?, s)?,
-            Activation::LeakyRelu(a) => {
-                ops::where_(&ops::greater_equal(x, &zero, s)?, x, &ops::multiply(x, &k(a)?, s)?, s)?
-            }
-            Activation::ThresholdedRelu(a) => ops::where_(&ops::greater(x, &k(a)?, s)?, x, &zero, s)?,
-            Activation::ScaledTanh(a, b) => ops::multiply(&ops::tanh(&ops::multiply(x, &k(b)?, s)?, s)?, &k(a)?, s)?,
-            Activation::HardSigmoid(a, b) => {
-                let y = ops::add(&ops::multiply(x, &k(a)?, s)?, &k(b)?, s)?;
-                ops::clip(&y, Some(&zero), Some(&k(1.0)?), s)?
-            }
-            Activation::Elu(a) => {
-                let neg = ops::multiply(&ops::expm1(x, s)?, &k(a)?, s)?;
-                ops::where_(&ops::greater_equal(x, &zero, s)?, x, &neg, s)?
-            }
-            Activation::Softsign => ops::divide(x, &ops::add(&ops::abs(x, s)?, &k(1.0)?, s)?, s)?,
-            Activation::Softplus => ops::logaddexp(x, &zero, s)?,
-        })
-    }
 }

@@ -66,6 +66,11 @@ impl Verdict {
     }
 }
 
+/// Why ORT's scale, zero-point and bias shapes for its integer-to-float matrix products are leniency.
+const WIDE_QUANT_PARAMETERS: &str = "the CPU EP takes scale, zero point and bias shapes past the schema's one \
+     element or one per column (it swaps a and b scales that look swapped and broadcasts others against \
+     the product); the MLX EP refuses them with the reason";
+
 /// Spurious errors judged to be the CPU EP's leniency: `(op, mutations, text of the MLX
 /// error, why)`. The MLX EP's error is the right answer there; the CPU EP answers input that
 /// the operator's definition rules out.
@@ -77,38 +82,10 @@ pub const CPU_LENIENT: &[(&str, &[&str], &str, &str)] = &[
         "the CPU EP skips empty inputs without checking their other dims, and counts their axis length \
          in the output anyway (rows it never writes)",
     ),
-    (
-        "com.microsoft:MatMulIntegerToFloat",
-        SHAPES,
-        "must be one element",
-        "the CPU EP takes scale, zero point and bias shapes past the schema's one element or one per \
-         column (it swaps a and b scales that look swapped and broadcasts others against the product); \
-         the MLX EP refuses them with the reason",
-    ),
-    (
-        "com.microsoft:MatMulIntegerToFloat",
-        SHAPES,
-        "must hold one value per column",
-        "the CPU EP takes scale, zero point and bias shapes past the schema's one element or one per \
-         column (it swaps a and b scales that look swapped and broadcasts others against the product); \
-         the MLX EP refuses them with the reason",
-    ),
-    (
-        "com.microsoft:DynamicQuantizeMatMul",
-        SHAPES,
-        "must be one element",
-        "the CPU EP takes scale, zero point and bias shapes past the schema's one element or one per \
-         column (it swaps a and b scales that look swapped and broadcasts others against the product); \
-         the MLX EP refuses them with the reason",
-    ),
-    (
-        "com.microsoft:DynamicQuantizeMatMul",
-        SHAPES,
-        "must hold one value per column",
-        "the CPU EP takes scale, zero point and bias shapes past the schema's one element or one per \
-         column (it swaps a and b scales that look swapped and broadcasts others against the product); \
-         the MLX EP refuses them with the reason",
-    ),
+    ("com.microsoft:MatMulIntegerToFloat", SHAPES, "one element", WIDE_QUANT_PARAMETERS),
+    ("com.microsoft:MatMulIntegerToFloat", SHAPES, "must hold one value per column", WIDE_QUANT_PARAMETERS),
+    ("com.microsoft:DynamicQuantizeMatMul", SHAPES, "one element", WIDE_QUANT_PARAMETERS),
+    ("com.microsoft:DynamicQuantizeMatMul", SHAPES, "must hold one value per column", WIDE_QUANT_PARAMETERS),
     (
         "com.microsoft:Inverse",
         SHAPES,
