@@ -1,7 +1,7 @@
 //! `com.microsoft` EmbedLayerNormalization (what ORT's BERT optimizer makes of a model's
 //! embeddings): per token, the word embedding of `input_ids` plus the position embedding (of
 //! `position_ids`, or the token's position) plus the segment embedding of `segment_ids`, layer
-//! normalized with `gamma` and `beta` (`epsilon` 1e-12 by default); `mask_index` counts each
+//! normalized with `gamma` and `beta` (`epsilon` 1e-12 by default; the crate's layer-norm standardization); `mask_index` counts each
 //! row's mask entries equal to 1, and `embedding_sum` is the sum before the normalization, as
 //! ORT's CPU EP computes them. An id outside its table fails the run.
 
@@ -86,13 +86,9 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             bail!("{name} {:?} must hold the {h} hidden values", p.shape());
         }
     }
-    let n = ops::scalar(h as f64, Dtype::F32, s)?;
-    let mean = ops::divide(&ops::sum_axes(&x, &[-1], true, s)?, &n, s)?;
-    let d = ops::subtract(&x, &mean, s)?;
-    let var = ops::divide(&ops::sum_axes(&ops::square(&d, s)?, &[-1], true, s)?, &n, s)?;
-    let eps = ops::scalar(node.attr_float("epsilon", 1e-12)? as f64, Dtype::F32, s)?;
-    let e = ops::sqrt(&ops::add(&var, &eps, s)?, s)?;
-    let y = ops::add(&ops::multiply(&ops::divide(&d, &e, s)?, gamma, s)?, beta, s)?;
+    let eps = node.attr_float("epsilon", 1e-12)? as f64;
+    let (normed, ..) = crate::norm::standardize(&x, &[-1], eps, s)?;
+    let y = ops::add(&ops::multiply(&normed, gamma, s)?, beta, s)?;
     let mask_index = match ctx.optional_input(7) {
         Some(m) => {
             if m.shape() != ids.shape() {

@@ -27,7 +27,7 @@ fn f32_param(ctx: &LowerCtx<'_>, i: usize) -> Result<Array> {
 
 /// `(x - mean) / sqrt(var + eps)` over `axes` (kept as size-1 dims), with the mean and
 /// `1 / sqrt(var + eps)`.
-fn standardize(x: &Array, axes: &[i32], eps: f64, s: &Stream) -> Result<(Array, Array, Array)> {
+pub(crate) fn standardize(x: &Array, axes: &[i32], eps: f64, s: &Stream) -> Result<(Array, Array, Array)> {
     let mean = ops::mean_axes(x, axes, true, s)?;
     let centered = ops::subtract(x, &mean, s)?;
     let var = ops::mean_axes(&ops::square(&centered, s)?, axes, true, s)?;
