@@ -62,6 +62,7 @@ if [ -n "${MLX_EP_KERNELS:-}" ] && [ -f "$MLX_EP_KERNELS" ] && [ ! -e "$kernels.
   echo "kernel cache: $(find "$kernels" -type f | wc -l) files unpacked from $MLX_EP_KERNELS"
 fi
 
+with_env() { (export "${env_set[@]}"; "$@"); }
 section() { echo; echo "===== $* ($(date +%T))"; }
 timed() {  # timed LIMIT_S NAME CMD...: run CMD under a time limit, print its wall time
   local limit=$1 name=$2; shift 2
@@ -189,14 +190,14 @@ for s in "${sections[@]}"; do
         env_set+=(ONNXRUNTIME_EP_MLX_KERNEL_CACHE="/tmp/mlx-cold-$mode" CUDA_CACHE_PATH="/tmp/nv-cold-$mode")
         for m in ocr_det yolo_det; do
           section "coldstart $mode: $m (empty kernel cache, then a second process)"
-          env "${env_set[@]}" timed 150 "$mode $m" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 \
+          with_env timed 150 "$mode $m" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 \
             --json "/tmp/mlx-gpu/json/cold-$mode-$m-1.json" | grep -E "first run|  (CPU|MLX)ExecutionProvider: [0-9]|max abs"
-          env "${env_set[@]}" timed 60 "$mode $m again" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 \
+          with_env timed 60 "$mode $m again" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 \
             --json "/tmp/mlx-gpu/json/cold-$mode-$m-2.json" | grep -E "first run|  (CPU|MLX)ExecutionProvider: [0-9]"
         done
         if [ "${LLM:-1}" = 1 ]; then
           section "coldstart $mode: fp16 decoder, KV in the EP's memory (empty kernel cache)"
-          env "${env_set[@]}" timed 200 "$mode llm fp16" mlx-ep-run llm --preset qwen2.5-0.5b-fp16 --kv device \
+          with_env timed 200 "$mode llm fp16" mlx-ep-run llm --preset qwen2.5-0.5b-fp16 --kv device \
             --prompt 128 --steps 32 --json "/tmp/mlx-gpu/json/cold-$mode-llm-fp16.json"
         fi
         echo "kernel cache $mode: $(find "/tmp/mlx-cold-$mode" -type f 2>/dev/null | wc -l) files, $(du -sh "/tmp/mlx-cold-$mode" 2>/dev/null | cut -f1)"

@@ -1,7 +1,8 @@
 //! Activations: LeakyRelu, PRelu, Elu, Selu, Celu, ThresholdedRelu, Gelu, Mish, HardSigmoid,
 //! HardSwish, Softplus, Softsign, and the `com.microsoft` fused forms ORT's optimizer makes
-//! (FastGelu, BiasGelu, QuickGelu, Gelu). float16 and bfloat16 compute in float32 and
-//! round once, as ORT's CPU EP does.
+//! (FastGelu, BiasGelu, QuickGelu, Gelu), and ORT's earlier experimental Affine, Scale,
+//! ParametricSoftplus and ScaledTanh (float32, models of ai.onnx opset 9 or older). float16
+//! and bfloat16 compute in float32 and round once, as ORT's CPU EP does.
 
 use ep_core::lowering::{FLOATS, FnLowering, require_inputs, require_types};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -151,6 +152,46 @@ fn swish(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
     Ok(ops::multiply(x, &ops::sigmoid(&ops::multiply(x, &c(a, x, s)?, s)?, s)?, s)?)
 }
 
+/// `alpha x + beta` (ORT's earlier experimental Affine).
+fn affine(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
+    let y = ops::multiply(x, &c(attr(node, "alpha", 1.0)?, x, s)?, s)?;
+    Ok(ops::add(&y, &c(attr(node, "beta", 0.0)?, x, s)?, s)?)
+}
+
+/// `scale x` (ORT's earlier experimental Scale).
+fn scale(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
+    Ok(ops::multiply(x, &c(attr(node, "scale", 1.0)?, x, s)?, s)?)
+}
+
+/// `alpha softplus(beta x)` (ORT's earlier experimental ParametricSoftplus).
+fn parametric_softplus(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
+    let bx = ops::multiply(x, &c(attr(node, "beta", 1.0)?, x, s)?, s)?;
+    Ok(ops::multiply(&softplus_of(&bx, s)?, &c(attr(node, "alpha", 1.0)?, x, s)?, s)?)
+}
+
+/// `alpha tanh(beta x)` (ORT's earlier experimental ScaledTanh).
+fn scaled_tanh(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
+    let t = ops::tanh(&ops::multiply(x, &c(attr(node, "beta", 1.0)?, x, s)?, s)?, s)?;
+    Ok(ops::multiply(&t, &c(attr(node, "alpha", 1.0)?, x, s)?, s)?)
+}
+
+/// ORT's kernels for the earlier experimental activations take float32 only.
+fn claim_legacy(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_types(node, &[ep_core::ElemType::F32])
+}
+
+/// ParametricSoftplus and ScaledTanh: ORT's kernels require both `alpha` and `beta`.
+fn claim_legacy_alpha_beta(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    claim_legacy(node)?;
+    for a in ["alpha", "beta"] {
+        if node.attr(a).is_none() {
+            return Err(Decline(format!("attribute `{a}` is required")));
+        }
+    }
+    Ok(())
+}
+
 fn ms_gelu(x: &Array, _: &NodeInfo, s: &Stream) -> Result<Array> {
     gelu_erf(x, s)
 }
@@ -184,6 +225,11 @@ activation! {
     SOFTSIGN: "", "Softsign", 1, claim_unary, softsign;
     QUICK_GELU: MS, "QuickGelu", 1, claim_unary, quick_gelu;
     MS_GELU: MS, "Gelu", 1, claim_unary, ms_gelu;
+    // ORT's earlier experimental ops, kept in the ai.onnx domain (models of opset 9 or older).
+    AFFINE: "", "Affine", 1, claim_legacy, affine;
+    SCALE: "", "Scale", 1, claim_legacy, scale;
+    PARAMETRIC_SOFTPLUS: "", "ParametricSoftplus", 1, claim_legacy_alpha_beta, parametric_softplus;
+    SCALED_TANH: "", "ScaledTanh", 1, claim_legacy_alpha_beta, scaled_tanh;
 }
 
 fn claim_prelu(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -292,6 +338,9 @@ mod spec {
         // (An op new past opset 22 at its own opset only: ORT 1.31 runs Swish's function body at 24 alone.)
         let versions = if !domain.is_empty() {
             1..=1
+        } else if since == 1 && LEGACY.contains(&op) {
+            // (ORT knows these up to opset 9.)
+            7..=9
         } else if since > 22 {
             since..=since
         } else {
@@ -308,6 +357,35 @@ mod spec {
             .boxed()
     }
 
+    /// ORT's earlier experimental ops: float32 only, ai.onnx opset 9 or older.
+    const LEGACY: &[&str] = &["Affine", "Scale", "ParametricSoftplus", "ScaledTanh"];
+
+    fn f32_only(strategy: BoxedStrategy<Case>) -> BoxedStrategy<Case> {
+        strategy
+            .prop_map(|mut c| {
+                c.inputs[0].dtype = conformance_spec::DType::F32;
+                c.outputs[0].1 = conformance_spec::DType::F32;
+                c
+            })
+            .boxed()
+    }
+
+    fn alpha_beta(seed: u64) -> Vec<(&'static str, Attr)> {
+        vec![
+            ("alpha", Attr::Float(0.5 + (seed % 5) as f32 * 0.5)),
+            ("beta", Attr::Float(-1.0 + (seed % 7) as f32 * 0.4)),
+        ]
+    }
+
+    register_spec!(super::AFFINE, || f32_only(act("", "Affine", 1, |seed| {
+        if seed % 3 == 0 { vec![] } else { alpha_beta(seed) }
+    })));
+    register_spec!(super::SCALE, || f32_only(act("", "Scale", 1, |seed| {
+        if seed % 3 == 0 { vec![] } else { vec![("scale", Attr::Float(-2.0 + (seed % 9) as f32 * 0.5))] }
+    })));
+    register_spec!(super::PARAMETRIC_SOFTPLUS, || f32_only(act("", "ParametricSoftplus", 1, alpha_beta)));
+    register_spec!(super::SCALED_TANH, || f32_only(act("", "ScaledTanh", 1, alpha_beta)));
+
     fn none(_: u64) -> Vec<(&'static str, Attr)> {
         vec![]
     }
@@ -322,15 +400,7 @@ mod spec {
         if seed % 2 == 0 { vec![] } else { vec![("alpha", Attr::Float(1.5)), ("gamma", Attr::Float(1.2))] }
     }));
     // ORT's CPU Celu takes float32 only.
-    register_spec!(super::CELU, || {
-        act("", "Celu", 12, alpha)
-            .prop_map(|mut c| {
-                c.inputs[0].dtype = conformance_spec::DType::F32;
-                c.outputs[0].1 = conformance_spec::DType::F32;
-                c
-            })
-            .boxed()
-    });
+    register_spec!(super::CELU, || f32_only(act("", "Celu", 12, alpha)));
     register_spec!(super::THRESHOLDED_RELU, || act("", "ThresholdedRelu", 10, alpha));
     register_spec!(super::GELU, || act("", "Gelu", 20, |seed| {
         if seed % 2 == 0 { vec![] } else { vec![("approximate", Attr::Str("tanh".into()))] }

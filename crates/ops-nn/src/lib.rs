@@ -17,6 +17,7 @@ mod dropout;
 mod einsum;
 mod embed_layer_norm;
 mod fused;
+mod image;
 mod linalg;
 mod loss;
 mod lrn;

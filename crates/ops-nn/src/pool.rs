@@ -1,10 +1,11 @@
 //! Pooling: MaxPool, AveragePool, LpPool (strides, dilations, pads, `auto_pad`, `ceil_mode`,
 //! `count_include_pad`) as a strided window view reduced over its window axes, and the global
-//! forms (GlobalMaxPool, GlobalAveragePool, GlobalLpPool) as reductions over the spatial axes.
+//! forms (GlobalMaxPool, GlobalAveragePool, GlobalLpPool) as reductions over the spatial axes;
+//! `com.microsoft` NhwcMaxPool (8-bit integers, channels last) through the same window.
 
 use crate::window::{Window, windows};
 use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs};
-use ep_core::mlx::{Array, Dtype, ops};
+use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
 
 #[derive(Clone, Copy, PartialEq)]
@@ -22,6 +23,11 @@ fn claim_pool(node: &NodeInfo) -> std::result::Result<(), Decline> {
     } else {
         require_input_type(node, 0, FLOATS)?;
     }
+    claim_window(node)
+}
+
+/// The pooling attributes and the input's rank (3 to 5) and dims, for any layout.
+fn claim_window(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if node.outputs.iter().skip(1).any(Option::is_some) {
         return Err(Decline::new("the Indices output of MaxPool is not supported"));
     }
@@ -76,19 +82,22 @@ fn empty_pool(shape: &[i64], out_spatial: impl FnOnce() -> Result<Vec<i64>>) -> 
 }
 
 fn pool(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Array>> {
-    let x = ctx.input(0)?;
-    let s = ctx.stream();
+    Ok(vec![pool_of(ctx.input(0)?, node, kind, ctx.stream())?])
+}
+
+/// `x` (NCHW-ordered: `[N, C, *spatial]`) pooled as `node`'s attributes say.
+fn pool_of(x: &Array, node: &NodeInfo, kind: Kind, s: &Stream) -> Result<Array> {
     let shape = x.shape();
     let k = shape.len() - 2;
     let kernel = node.attr_ints("kernel_shape")?.ok_or("kernel_shape is required")?.to_vec();
     let ceil = node.attr_int("ceil_mode", 0)? == 1;
     if let Some(out) = empty_pool(&shape, || Ok(Window::of_pool(node, &shape[2..], kernel.clone(), ceil)?.out))? {
-        return Ok(vec![ops::full(&out, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?]);
+        return Ok(ops::full(&out, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?);
     }
     let w = Window::of_pool(node, &shape[2..], kernel, ceil)?;
     if w.out.contains(&0) {
         let out = [shape[..2].to_vec(), w.out.clone()].concat();
-        return Ok(vec![ops::full(&out, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?]);
+        return Ok(ops::full(&out, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?);
     }
     let axes: Vec<i32> = (0..k as i32).map(|i| 3 + 2 * i).collect();
     let t = x.dtype();
@@ -142,8 +151,36 @@ fn pool(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Array
             ops::divide(&sum, &counted, s)?
         }
     };
-    Ok(vec![ops::astype(&y, t, s)?])
+    Ok(ops::astype(&y, t, s)?)
 }
+
+fn claim_nhwc_max_pool(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_input_type(node, 0, &[ElemType::I8, ElemType::U8])?;
+    claim_window(node)
+}
+
+/// `com.microsoft` NhwcMaxPool: MaxPool over 8-bit integers laid out `[N, *spatial, C]`.
+fn nhwc_max_pool(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let (x, s) = (ctx.input(0)?, ctx.stream());
+    let r = x.ndim() as i32;
+    let to_nchw: Vec<i32> = [0, r - 1].into_iter().chain(1..r - 1).collect();
+    let to_nhwc: Vec<i32> = [0].into_iter().chain(2..r).chain([1]).collect();
+    let y = pool_of(&ops::transpose_axes(x, &to_nchw, s)?, node, Kind::Max, s)?;
+    Ok(vec![ops::transpose_axes(&y, &to_nhwc, s)?])
+}
+
+ep_core::register_lowering!(
+    NHWC_MAX_POOL = FnLowering {
+        domain: "com.microsoft",
+        op: "NhwcMaxPool",
+        opsets: 1..=i32::MAX,
+        claim: claim_nhwc_max_pool,
+        lower: nhwc_max_pool,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
 
 macro_rules! pools {
     ($($name:ident: $op:expr, $since:expr, $kind:expr;)*) => {$(
@@ -279,6 +316,34 @@ mod spec {
     }
 
     register_spec!(super::MAX_POOL, || pool("MaxPool"));
+
+    register_spec!(super::NHWC_MAX_POOL, || {
+        let geometry = (1..=3usize, 1..=3i64, 1..=2i64, 1..=2i64, 0..=1i64, any::<bool>());
+        (select(&[DType::I8, DType::U8][..]), geometry, 1..=3i64, seed())
+            .prop_map(|(t, (dims, k, stride, dil, pad, ceil), c, seed)| {
+                let spatial: Vec<i64> = (0..dims).map(|i| 4 + i as i64).collect();
+                let pad = pad.min(k - 1);
+                let x = [vec![2], spatial.clone(), vec![c]].concat();
+                let mut out = vec![2];
+                for &i in &spatial {
+                    out.push(out_dim(i, k, stride, dil, pad, pad, ceil));
+                }
+                out.push(c);
+                let mut case = Case::domain_op("com.microsoft", "NhwcMaxPool", 1)
+                    .input("x", t, &x)
+                    .attr_ints("kernel_shape", &vec![k; dims])
+                    .attr_ints("strides", &vec![stride; dims])
+                    .attr_ints("pads", &vec![pad; 2 * dims]);
+                if dil > 1 {
+                    case = case.attr_ints("dilations", &vec![dil; dims]);
+                }
+                if ceil {
+                    case = case.attr_int("ceil_mode", 1);
+                }
+                case.output("y", t, &out).with_seed(seed)
+            })
+            .boxed()
+    });
     register_spec!(super::AVERAGE_POOL, || pool("AveragePool"));
     register_spec!(super::LP_POOL, || pool("LpPool"));
 

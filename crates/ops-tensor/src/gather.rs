@@ -1,4 +1,4 @@
-//! Gather, GatherElements, GatherND. Negative indices count from the end, as ONNX defines.
+//! Gather, GatherElements, GatherND (and `com.microsoft`'s earlier GatherND). Negative indices count from the end, as ONNX defines.
 
 use ep_core::lowering::{ALL_TYPES, FnLowering, normalize_axis, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -135,6 +135,26 @@ ep_core::register_lowering!(
     }
 );
 
+fn claim_ms_gather_nd(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    if node.attr("batch_dims").is_some() {
+        return Err(Decline::new("com.microsoft GatherND has no batch_dims"));
+    }
+    claim_gather(node)
+}
+
+// ORT's earlier form: GatherND without batch dims.
+ep_core::register_lowering!(
+    MS_GATHER_ND = FnLowering {
+        domain: "com.microsoft",
+        op: "GatherND",
+        opsets: 1..=i32::MAX,
+        claim: claim_ms_gather_nd,
+        lower: lower_gather_nd,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
 #[cfg(feature = "conformance")]
 mod spec {
     use crate::spec_util::*;
@@ -217,6 +237,24 @@ mod spec {
                     .input("x", t, &s)
                     .input_with("idx", DType::I64, &is, Values::Uniform { lo: -d, hi: d })
                     .attr_int("batch_dims", b as i64)
+                    .output("y", t, &out)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!(super::MS_GATHER_ND, || {
+        (any_dtype(), nonempty_shape(1..=4), 1..=3usize, shape(0..=2), index_dtype(), seed())
+            .prop_map(|(t, s, k, mid, it, seed)| {
+                let k = k.min(s.len());
+                let mut is = mid.clone();
+                is.push(k as i64);
+                let d = s[..k].iter().copied().min().unwrap_or(1) as f64;
+                let mut out = mid;
+                out.extend(&s[k..]);
+                Case::domain_op("com.microsoft", "GatherND", 1)
+                    .input("x", t, &s)
+                    .input_with("idx", it, &is, Values::Uniform { lo: -d, hi: d })
                     .output("y", t, &out)
                     .with_seed(seed)
             })
