@@ -278,6 +278,21 @@ mod spec {
         o
     }
 
+    /// The same kernel, stride, dilation and pad on each of `dims` spatial axes, and ceil mode.
+    fn window(case: Case, dims: usize, k: i64, stride: i64, dil: i64, pad: i64, ceil: bool) -> Case {
+        let mut case = case
+            .attr_ints("kernel_shape", &vec![k; dims])
+            .attr_ints("strides", &vec![stride; dims])
+            .attr_ints("pads", &vec![pad; 2 * dims]);
+        if dil > 1 {
+            case = case.attr_ints("dilations", &vec![dil; dims]);
+        }
+        if ceil {
+            case = case.attr_int("ceil_mode", 1);
+        }
+        case
+    }
+
     fn pool(op: &'static str) -> BoxedStrategy<Case> {
         let geometry = (1..=3usize, 1..=3i64, 1..=2i64, 1..=2i64, 0..=1i64, any::<(bool, bool)>());
         let types = select(&[DType::F32, DType::F32, DType::F16, DType::I8, DType::U8][..]);
@@ -296,17 +311,7 @@ mod spec {
                 for &i in &spatial {
                     out.push(out_dim(i, k, stride, dil, pad, pad, ceil));
                 }
-                let mut case = Case::op(op, v)
-                    .input("x", t, &x)
-                    .attr_ints("kernel_shape", &vec![k; dims])
-                    .attr_ints("strides", &vec![stride; dims])
-                    .attr_ints("pads", &vec![pad; 2 * dims]);
-                if dil > 1 {
-                    case = case.attr_ints("dilations", &vec![dil; dims]);
-                }
-                if ceil {
-                    case = case.attr_int("ceil_mode", 1);
-                }
+                let mut case = window(Case::op(op, v).input("x", t, &x), dims, k, stride, dil, pad, ceil);
                 if op == "AveragePool" && include {
                     case = case.attr_int("count_include_pad", 1);
                 }
@@ -329,18 +334,8 @@ mod spec {
                     out.push(out_dim(i, k, stride, dil, pad, pad, ceil));
                 }
                 out.push(c);
-                let mut case = Case::domain_op("com.microsoft", "NhwcMaxPool", 1)
-                    .input("x", t, &x)
-                    .attr_ints("kernel_shape", &vec![k; dims])
-                    .attr_ints("strides", &vec![stride; dims])
-                    .attr_ints("pads", &vec![pad; 2 * dims]);
-                if dil > 1 {
-                    case = case.attr_ints("dilations", &vec![dil; dims]);
-                }
-                if ceil {
-                    case = case.attr_int("ceil_mode", 1);
-                }
-                case.output("y", t, &out).with_seed(seed)
+                let case = Case::domain_op("com.microsoft", "NhwcMaxPool", 1).input("x", t, &x);
+                window(case, dims, k, stride, dil, pad, ceil).output("y", t, &out).with_seed(seed)
             })
             .boxed()
     });
