@@ -178,7 +178,7 @@ for s in "${sections[@]}"; do
     coldstart)
       # First runs on an empty kernel cache (MLX's and the CUDA driver's, fresh per mode), then
       # a second process, per compile mode: $MODES (default "fuse0 eager fuse1"): compiled
-      # without fused kernels, eager, compiled with them (MLX's default). $LLM=0 skips the decoder.
+      # without fused kernels (the default on CUDA), eager, compiled with them. $LLM=0 skips the decoder.
       timed 60 export python3 gpu/cnn_models.py /tmp/mlx-gpu/models >/dev/null 2>&1
       for mode in ${MODES:-fuse0 eager fuse1}; do
         case $mode in

@@ -135,9 +135,9 @@ pub const FUSE: Setting = Setting {
     key: Some("fuse"),
     env: "ONNXRUNTIME_EP_MLX_FUSE",
     kind: Kind::Switch,
-    default: "1",
+    default: "",
     process_wide: true,
-    doc: "let `mlx_compile` fuse chains of elementwise ops into generated kernels; on CUDA each fused kernel is compiled with NVRTC the first time it runs (minutes for a decoder on an empty kernel cache). `0` keeps compiled closures without fused kernels. Settled by the first session",
+    doc: "let `mlx_compile` fuse chains of elementwise ops into generated kernels. Unset: on for the CPU and Metal, off on CUDA, where each fused kernel is compiled with NVRTC the first time it runs (minutes for a decoder on an empty kernel cache, for a few percent of steady speed). `0` keeps compiled closures without fused kernels. Settled by the first session",
 };
 
 pub const MEMORY_LIMIT: Setting = Setting {
@@ -286,7 +286,7 @@ pub struct Options {
     /// `None` when neither the option nor the variable says (the process settles it off).
     pub tf32: Option<bool>,
     pub compile: bool,
-    /// `None` when neither the option nor the variable says (MLX's default: fused).
+    /// `None` when neither the option nor the variable says (fused, except on CUDA).
     pub fuse: Option<bool>,
     pub memory_limit: Option<u64>,
     pub cache_limit: Option<u64>,

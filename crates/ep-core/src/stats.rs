@@ -47,6 +47,9 @@ pub struct SessionStats {
     pub compiles: AtomicU64,
     /// Runs served by an already compiled closure.
     pub replays: AtomicU64,
+    /// Compiled runs attempted again because MLX loaded a JIT kernel library another process
+    /// was still writing (see `exec::compiled::jit_retry`).
+    pub jit_retries: AtomicU64,
     /// Runs that built and evaluated the MLX graph eagerly.
     pub eager_runs: AtomicU64,
     /// MLX evaluations (each run of a partition should make exactly one).
@@ -254,6 +257,13 @@ impl SessionStats {
             Self::count(&self.decode_runs),
             Self::count(&self.decode_guard_misses)
         );
+        if Self::count(&self.jit_retries) > 0 {
+            let _ = writeln!(
+                s,
+                "  retried: {} attempts found a JIT kernel library another process was still writing",
+                Self::count(&self.jit_retries)
+            );
+        }
         let _ = writeln!(
             s,
             "  evaluations: {}; bytes copied in: {}, out: {} (inputs read in place: {} bytes; in the EP's memory: {} bytes; unchanged, not copied again: {} bytes)",

@@ -25,13 +25,15 @@ pub(super) enum Applied {
 /// machine, writing the library in place, so a second process that needs the same kernel at
 /// the same moment can load a file still being written. The writer finishes within seconds;
 /// without the retry the partition would fall back to eager runs for good.
-pub(super) fn jit_retry<T>(mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+/// The run's counters move only once an attempt has evaluated, so a retried run counts once.
+pub(super) fn jit_retry<T>(stats: &SessionStats, mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
     const WAIT: std::time::Duration = std::time::Duration::from_millis(100);
     let mut tries = 0;
     loop {
         match attempt() {
             Err(e) if e.0.contains("Could not load C++ shared library") && tries < 300 => {
                 tries += 1;
+                stats.jit_retries.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(WAIT);
             }
             other => return other,
@@ -259,10 +261,12 @@ impl Plan {
                 crate::stats::keep_graph(&what, &dot);
                 self.stats.record_graph(crate::stats::GraphSize::from_dot(what, &dot));
             }
-        } else {
-            self.stats.replays.fetch_add(1, Ordering::Relaxed);
         }
         self.evaluate(&outputs)?;
+        // Counted once evaluated: an attempt `jit_retry` repeats is not a second run.
+        if !fresh {
+            self.stats.replays.fetch_add(1, Ordering::Relaxed);
+        }
         if !fresh && traced.replays.fetch_add(1, Ordering::Relaxed) + 1 == BARE_AT_REPLAY && self.stats.verbose {
             let runs = crate::options::BARE_REPLAYS.env_count();
             if runs > 0 {

@@ -268,7 +268,7 @@ impl Plan {
             && let Some(key) = self.decode_key(&inputs)
             && !self.cache.lock().unwrap_or_else(|p| p.into_inner()).contains(&exact_key(&inputs))
         {
-            match jit_retry(|| self.run_decode(&inputs, key.clone())) {
+            match jit_retry(&self.stats, || self.run_decode(&inputs, key.clone())) {
                 Ok(Applied::Ran(run)) => return Ok(run),
                 Ok(Applied::Invalid(e)) => return Err(e),
                 // A guard failed: this run takes the exact shape-keyed path.
@@ -279,7 +279,7 @@ impl Plan {
             }
         }
         if !matches!(mode, Mode::Eager(_)) && !empty {
-            match jit_retry(|| self.run_compiled(&inputs, &mode)) {
+            match jit_retry(&self.stats, || self.run_compiled(&inputs, &mode)) {
                 Ok(Applied::Ran(run)) => return Ok(run),
                 Ok(Applied::Invalid(e)) => return Err(e),
                 Ok(Applied::GuardMiss) => {
@@ -315,10 +315,10 @@ impl Plan {
 
     fn evaluate<'x>(&self, arrays: impl IntoIterator<Item = &'x Array>) -> Result<()> {
         let _timer = self.stats.phase(Phase::Eval, &self.translation.name);
-        self.stats.evaluations.fetch_add(1, Ordering::Relaxed);
         VectorArray::from_arrays(arrays)?
             .eval()
             .map_err(|e| Error::new(format!("partition {}: {e}", self.translation.name)))?;
+        self.stats.evaluations.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 }

@@ -149,7 +149,8 @@ pub fn settle(device: Device, tf32: Option<bool>) -> Result<()> {
 }
 
 /// Applies a session's request on kernel fusion (`None` asks nothing: the first session
-/// settles MLX's default, fused). MLX holds one compile mode per process, so a request that
+/// settles the default, fused except on CUDA, where every fused kernel costs an NVRTC
+/// compilation on its first run). MLX holds one compile mode per process, so a request that
 /// contradicts an earlier session's is an error.
 pub fn settle_fuse(fuse: Option<bool>) -> Result<()> {
     init();
@@ -162,7 +163,7 @@ pub fn settle_fuse(fuse: Option<bool>) -> Result<()> {
         ))),
         (Some(_), _) => Ok(()),
         (None, asked) => {
-            let on = asked.unwrap_or(true);
+            let on = asked.unwrap_or_else(|| !is_cuda());
             let mode = if on {
                 mlx_sys::mlx_compile_mode::MLX_COMPILE_MODE_ENABLED
             } else {
