@@ -15,6 +15,7 @@ mod matmul_nbits;
 mod matmul_to_float;
 mod qdq;
 mod qlinear_activation;
+mod qlinear_binary;
 mod qlinear_concat;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.

@@ -1,0 +1,195 @@
+//! `com.microsoft` QLinearAdd, QLinearMul and QLinearWhere on int8/uint8, with numpy
+//! broadcasting. Each output byte is a function of the input bytes alone once the scales and
+//! zero points are known, so it is read from a table built on the host in float32 with ORT's
+//! CPU EP's own operations (fused multiply-adds where its vector kernels use them, round half
+//! to even, saturation): exact to the byte, and one gather on the device.
+//!
+//! The scales and zero points are read on the host: as constants (as quantized exports have
+//! them) they cost nothing per run; a runtime value makes the partition run eagerly.
+
+use crate::qdq::Q8;
+use ep_core::lowering::{FnLowering, require_input_type, require_inputs};
+use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
+
+/// The quantized type's byte values, in table order (`lo..=hi`).
+fn levels(t: Dtype) -> Result<std::ops::RangeInclusive<i32>> {
+    Ok(match t {
+        Dtype::I8 => -128..=127,
+        Dtype::U8 => 0..=255,
+        other => bail!("{other:?} is not int8 or uint8"),
+    })
+}
+
+/// Round half to even and saturate to `t`'s range, as ORT's requantization does: its vector
+/// conversion to int32 turns a NaN, an infinity or anything past int32 into `i32::MIN`, which
+/// saturates to the type's lowest value.
+fn saturate(v: f32, t: Dtype) -> i32 {
+    let r = levels(t).expect("checked at claim");
+    let v = v.round_ties_even();
+    if !(v.abs() < 2147483648.0) {
+        return *r.start();
+    }
+    v.clamp(*r.start() as f32, *r.end() as f32) as i32
+}
+
+/// A scale (`None` for an absent zero point: 0) from input `i`, one value, on the host.
+fn host_value(ctx: &LowerCtx<'_>, i: usize, what: &str) -> Result<Option<f32>> {
+    if ctx.optional_input(i).is_none() {
+        return Ok(None);
+    }
+    let v = ctx.host_f64(i)?;
+    if v.len() != 1 || ctx.input(i)?.ndim() > 1 {
+        bail!("{what} (input {i}) of shape {:?} must be a scalar or a vector of one element", ctx.input(i)?.shape());
+    }
+    Ok(Some(v[0] as f32))
+}
+
+fn table_array(values: Vec<i32>, t: Dtype) -> Result<Array> {
+    let n = values.len() as i64;
+    Ok(match t {
+        Dtype::I8 => Array::from_slice(&values.iter().map(|&v| v as i8).collect::<Vec<_>>(), &[n])?,
+        _ => Array::from_slice(&values.iter().map(|&v| v as u8).collect::<Vec<_>>(), &[n])?,
+    })
+}
+
+/// The position of each byte of `x` in a table of `t`'s levels, as int32.
+fn position(x: &Array, t: Dtype, s: &Stream) -> Result<Array> {
+    let lo = *levels(t)?.start();
+    let p = ops::astype(x, Dtype::I32, s)?;
+    Ok(if lo == 0 { p } else { ops::subtract(&p, &ops::scalar(lo as f64, Dtype::I32, s)?, s)? })
+}
+
+fn claim_binary(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    // A, A_scale, A_zero_point?, B, B_scale, B_zero_point?, C_scale, C_zero_point?
+    require_inputs(node, 7, 8)?;
+    for i in [0, 1, 3, 4, 6] {
+        if node.input(i).is_none() {
+            return Err(Decline::new(format!("input {i} is missing")));
+        }
+    }
+    for i in [0, 2, 3, 5, 7] {
+        require_input_type(node, i, Q8)?;
+    }
+    for i in [1, 4, 6] {
+        require_input_type(node, i, &[ElemType::F32])?;
+    }
+    if node.input(3).map(|v| v.elem_type) != node.input(0).map(|v| v.elem_type) {
+        return Err(Decline::new("A and B differ in type"));
+    }
+    Ok(())
+}
+
+/// The table of `f(a, b)` over every pair of bytes (`a` major) and its gather.
+fn lower_pairs(ctx: &mut LowerCtx<'_>, f: &dyn Fn(f32, f32) -> f32) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    let (a, b) = (ctx.input(0)?, ctx.input(3)?);
+    let t = a.dtype();
+    let levels = levels(t)?;
+    let n = levels.clone().count() as i32;
+    let mut table = Vec::with_capacity((n * n) as usize);
+    for x in levels.clone() {
+        for y in levels.clone() {
+            table.push(saturate(f(x as f32, y as f32), t));
+        }
+    }
+    let table = table_array(table, t)?;
+    let at = ops::add(
+        &ops::multiply(&position(a, t, s)?, &ops::scalar(n as f64, Dtype::I32, s)?, s)?,
+        &position(b, t, s)?,
+        s,
+    )?;
+    Ok(vec![ops::take(&table, &at, 0, s)?])
+}
+
+/// The scales and zero points of A, B and C.
+struct Params {
+    a: (f32, f32),
+    b: (f32, f32),
+    c: (f32, f32),
+}
+
+fn params(ctx: &LowerCtx<'_>) -> Result<Params> {
+    let get = |scale: usize, zp: usize, name: &str| -> Result<(f32, f32)> {
+        let sc = host_value(ctx, scale, &format!("{name}_scale"))?.expect("required at claim");
+        Ok((sc, host_value(ctx, zp, &format!("{name}_zero_point"))?.unwrap_or(0.0)))
+    };
+    Ok(Params { a: get(1, 2, "A")?, b: get(4, 5, "B")?, c: get(6, 7, "C")? })
+}
+
+/// `(a - za) * sa + (b - zb) * sb` requantized to C as ORT's vector kernel computes it: the
+/// ratios of the scales to C's, a fixed term `zc - (ra * za + rb * zb)` and two fused
+/// multiply-adds.
+fn lower_add(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+    let p = params(ctx)?;
+    let (ra, rb) = (p.a.0 / p.c.0, p.b.0 / p.c.0);
+    let fixed = p.c.1 - ra.mul_add(p.a.1, rb * p.b.1);
+    lower_pairs(ctx, &|a, b| a.mul_add(ra, b.mul_add(rb, fixed)))
+}
+
+/// `(a - za) * (b - zb) * sa * sb / sc + zc`, the integer product scaled by one ratio.
+fn lower_mul(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+    let p = params(ctx)?;
+    let ratio = (p.a.0 * p.b.0) / p.c.0;
+    lower_pairs(ctx, &|a, b| ((a - p.a.1) * (b - p.b.1)) * ratio + p.c.1)
+}
+
+ep_core::register_lowering!(
+    QLINEAR_ADD = FnLowering {
+        domain: "com.microsoft",
+        op: "QLinearAdd",
+        opsets: 1..=i32::MAX,
+        claim: claim_binary,
+        lower: lower_add,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
+ep_core::register_lowering!(
+    QLINEAR_MUL = FnLowering {
+        domain: "com.microsoft",
+        op: "QLinearMul",
+        opsets: 1..=i32::MAX,
+        claim: claim_binary,
+        lower: lower_mul,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use crate::qdq::spec::{full_range, qtype};
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, DType, Values, register_spec};
+
+    fn case(op: &'static str) -> BoxedStrategy<Case> {
+        (qtype(), broadcast_pair(0..=3), any::<bool>(), seed())
+            .prop_map(move |(t, (a, b, _), zc, seed)| {
+                // ORT's CPU EP crashes on an empty operand broadcast against another.
+                let (a, b): (Vec<i64>, Vec<i64>) = (a.iter().map(|&d| d.max(1)).collect(), b.iter().map(|&d| d.max(1)).collect());
+                let y = broadcast_shape(&a, &b).expect("dims of 1 keep a broadcastable pair");
+                let scale = |lo, hi| Values::Uniform { lo, hi };
+                let mut case = Case::domain_op("com.microsoft", op, 1)
+                    .input_with("a", t, &a, full_range(t))
+                    .constant("a_scale", DType::F32, &[], scale(0.005, 0.1));
+                // (ORT's type inference fails without A's and B's zero points, optional as they
+                // are in the schema.)
+                case = case
+                    .constant("a_zp", t, &[], full_range(t))
+                    .input_with("b", t, &b, full_range(t))
+                    .constant("b_scale", DType::F32, &[], scale(0.005, 0.1))
+                    .constant("b_zp", t, &[], full_range(t));
+                case = case.constant("c_scale", DType::F32, &[], scale(0.01, 0.2));
+                if zc {
+                    case = case.constant("c_zp", t, &[], full_range(t));
+                }
+                case.output("y", t, &y).with_seed(seed)
+            })
+            .boxed()
+    }
+
+    register_spec!(super::QLINEAR_ADD, || case("QLinearAdd"));
+    register_spec!(super::QLINEAR_MUL, || case("QLinearMul"));
+}
