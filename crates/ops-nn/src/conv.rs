@@ -6,7 +6,7 @@
 use crate::window::{Window, empty_conv, windows};
 use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, ops};
-use ep_core::{CompileSafety, Decline, LowerCtx, NodeInfo, Result, bail};
+use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
 
 fn claim_conv(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 2, 3)?;
@@ -181,10 +181,41 @@ fn claim_conv_transpose(node: &NodeInfo) -> std::result::Result<(), Decline> {
     claim_conv(node)
 }
 
+/// `com.microsoft` ConvTransposeWithDynamicPads: X, W, Pads (int64, `[begins, ends]`, in place
+/// of the attribute), B.
+fn claim_dynamic_pads(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 2, 4)?;
+    for i in [0, 1, 3] {
+        require_input_type(node, i, FLOATS)?;
+    }
+    require_input_type(node, 2, &[ElemType::I64])?;
+    if node.input(2).is_none() {
+        return Err(Decline::new("the pads input (input 2) is missing: ORT's kernel requires it"));
+    }
+    match ep_core::lowering::input_rank(node, 0) {
+        Some(3..=5) => Ok(()),
+        r => Err(Decline(format!("input rank {r:?}: 1-D, 2-D and 3-D convolutions are supported"))),
+    }
+}
+
+fn lower_dynamic_pads(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let pads = ctx.host_i64(2)?;
+    if let Some(p) = pads.iter().find(|&&p| p < 0) {
+        bail!("pads {pads:?} must not be negative ({p})");
+    }
+    transpose_conv(ctx, node, Some(pads), 3)
+}
+
+fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let pads = node.attr_ints("pads")?.map(<[i64]>::to_vec);
+    transpose_conv(ctx, node, pads, 2)
+}
+
 /// ConvTranspose as a convolution of the stride-dilated input with the flipped kernel, fully
 /// padded (`dilation * (kernel - 1)` each side, plus `output_padding` at the end), then cropped
-/// by the pads.
-fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+/// by the pads (`pads`: the explicit ones, from the attribute or an input); the bias is input
+/// `bias`.
+fn transpose_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo, pads: Option<Vec<i64>>, bias: usize) -> Result<Vec<Array>> {
     let s = ctx.stream();
     let x = ctx.input(0)?;
     let xs = x.shape();
@@ -202,7 +233,8 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
         bail!("kernel_shape {given:?} differs from the weight's {kernel:?}");
     }
     let ints = |name: &str, default: i64| -> Result<Vec<i64>> {
-        Ok(node.attr_ints(name)?.map(<[i64]>::to_vec).unwrap_or_else(|| vec![default; k]))
+        // An empty list is the default, as on the CPU EP.
+        Ok(node.attr_ints(name)?.filter(|v| !v.is_empty()).map(<[i64]>::to_vec).unwrap_or_else(|| vec![default; k]))
     };
     let (strides, mut dilations, out_pad) = (ints("strides", 1)?, ints("dilations", 1)?, ints("output_padding", 0)?);
     if [&strides, &dilations, &out_pad].iter().any(|v| v.len() != k)
@@ -242,7 +274,10 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
             }
         }
         None if auto == "VALID" || auto == "NOTSET" => {
-            if let Some(p) = node.attr_ints("pads")? {
+            if let Some(p) = &pads {
+                if p.len() != 2 * k {
+                    bail!("pads {p:?} do not hold {} values", 2 * k);
+                }
                 lo.copy_from_slice(&p[..k]);
                 hi.copy_from_slice(&p[k..2 * k]);
             }
@@ -267,12 +302,12 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
             bail!("the output size {} of spatial axis {i} implies an input of {implied}, not {}", out[i], xs[2 + i]);
         }
     }
-    check_bias(ctx.optional_input(2), ws[1] * groups)?;
+    check_bias(ctx.optional_input(bias), ws[1] * groups)?;
     if xs.contains(&0) || ws.contains(&0) {
         // Nothing to convolve: the bias alone (zeros without one), as on the CPU EP.
         let shape = [vec![xs[0], ws[1] * groups], out].concat();
         let y = ops::full(&shape, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?;
-        return Ok(vec![match ctx.optional_input(2) {
+        return Ok(vec![match ctx.optional_input(bias) {
             Some(b) if y.size() > 0 => add_bias(&y, b, s)?,
             _ => y,
         }]);
@@ -349,8 +384,20 @@ fn lower_conv_transpose(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<A
         }
     }
     let y = ops::slice(&y, &start, &stop, s)?;
-    Ok(vec![finish(&y, r, ctx.optional_input(2), s)?])
+    Ok(vec![finish(&y, r, ctx.optional_input(bias), s)?])
 }
+
+ep_core::register_lowering!(
+    CONV_TRANSPOSE_WITH_DYNAMIC_PADS = FnLowering {
+        domain: "com.microsoft",
+        op: "ConvTransposeWithDynamicPads",
+        opsets: 1..=i32::MAX,
+        claim: claim_dynamic_pads,
+        lower: lower_dynamic_pads,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
 
 ep_core::register_lowering!(
     CONV_TRANSPOSE = FnLowering {
@@ -369,10 +416,14 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
 
-    register_spec!(super::CONV_TRANSPOSE, || {
+    register_spec!(super::CONV_TRANSPOSE, || transpose_case(false));
+    register_spec!(super::CONV_TRANSPOSE_WITH_DYNAMIC_PADS, || transpose_case(true));
+
+    /// ConvTranspose, or (`dynamic`) ConvTransposeWithDynamicPads with its pads as an input.
+    fn transpose_case(dynamic: bool) -> BoxedStrategy<Case> {
         let geometry = (1..=2usize, 1..=2i64, 1..=2i64, 1..=2i64, 1..=2i64, 1..=2i64, 0..=1i64, 0..=1i64);
         (select(&[DType::F32, DType::F32, DType::F16][..]), geometry, 1..=2i64, any::<bool>(), opset(11..=22), seed())
-            .prop_map(|(t, (dims, n, g, cpg, stride, dil, pad, opad), m_per_g, bias, v, seed)| {
+            .prop_map(move |(t, (dims, n, g, cpg, stride, dil, pad, opad), m_per_g, bias, v, seed)| {
                 let c = g * cpg;
                 let m = g * m_per_g;
                 let spatial: Vec<i64> = (0..dims).map(|i| 3 + i as i64).collect();
@@ -382,31 +433,36 @@ mod spec {
                 let x = [vec![n, c], spatial.clone()].concat();
                 let wshape = [vec![c, m_per_g], kernel.clone()].concat();
                 let unit = Values::Uniform { lo: -1.0, hi: 1.0 };
-                let mut case = Case::op("ConvTranspose", v).input_with("x", t, &x, unit.clone()).input_with(
-                    "w",
-                    t,
-                    &wshape,
-                    unit.clone(),
-                );
-                if bias {
-                    case = case.input_with("b", t, &[m], unit);
-                }
+                let base = if dynamic {
+                    Case::domain_op("com.microsoft", "ConvTransposeWithDynamicPads", 1)
+                } else {
+                    Case::op("ConvTranspose", v)
+                };
+                let mut case = base.input_with("x", t, &x, unit.clone()).input_with("w", t, &wshape, unit.clone());
                 let mut out = vec![n, m];
                 for i in 0..dims {
                     let pad = pad.min((kernel[i] - 1) * dil);
                     out.push((spatial[i] - 1) * stride + (kernel[i] - 1) * dil + 1 + opad - 2 * pad);
                 }
                 let pads: Vec<i64> = (0..2 * dims).map(|i| pad.min((kernel[i % dims] - 1) * dil)).collect();
+                if dynamic {
+                    case = case.constant_i64("pads", &pads);
+                }
+                if bias {
+                    case = case.input_with("b", t, &[m], unit);
+                }
+                if !dynamic {
+                    case = case.attr_ints("pads", &pads);
+                }
                 case.attr_int("group", g)
                     .attr_ints("strides", &vec![stride; dims])
                     .attr_ints("dilations", &vec![dil; dims])
                     .attr_ints("output_padding", &vec![opad; dims])
-                    .attr_ints("pads", &pads)
                     .output("y", t, &out)
                     .with_seed(seed)
             })
             .boxed()
-    });
+    }
 
     // Depthwise convolutions (one channel per group), kernels wider than the padded input
     // included: the form MobileNet-style networks use.
