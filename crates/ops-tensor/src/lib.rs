@@ -25,6 +25,7 @@ mod scatter;
 mod select;
 mod shape;
 mod slice;
+mod unfold;
 #[cfg(feature = "conformance")]
 mod spec_util;
 
