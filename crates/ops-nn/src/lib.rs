@@ -12,6 +12,7 @@
 mod cdist;
 mod col2im;
 mod conv;
+mod crop_and_resize;
 mod conv_integer;
 mod dropout;
 mod einsum;
