@@ -26,6 +26,7 @@ mod matmul;
 mod norm;
 mod norm_shapes;
 mod pool;
+mod qlinear_pool;
 mod reduce;
 mod softmax;
 mod unpool;

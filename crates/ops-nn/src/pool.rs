@@ -27,7 +27,7 @@ fn claim_pool(node: &NodeInfo) -> std::result::Result<(), Decline> {
 }
 
 /// The pooling attributes and the input's rank (3 to 5) and dims, for any layout.
-fn claim_window(node: &NodeInfo) -> std::result::Result<(), Decline> {
+pub(crate) fn claim_window(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if node.outputs.iter().skip(1).any(Option::is_some) {
         return Err(Decline::new("the Indices output of MaxPool is not supported"));
     }
