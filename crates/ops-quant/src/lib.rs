@@ -17,6 +17,7 @@ mod qdq;
 mod qlinear_activation;
 mod qlinear_binary;
 mod qlinear_concat;
+mod qlinear_softmax;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
 pub fn link() -> ep_core::registry::Family {
