@@ -14,6 +14,7 @@ mod matmul_integer16;
 mod matmul_nbits;
 mod matmul_to_float;
 mod qdq;
+mod qgemm;
 mod qlinear_activation;
 mod qlinear_binary;
 mod qlinear_concat;
