@@ -34,7 +34,8 @@ fn mix(h: &Array, k: &Array, s: &Stream) -> Result<Array> {
 
 /// The finalization: the key length folded in, then the avalanche.
 fn finish(h: &Array, len: u32, s: &Stream) -> Result<Array> {
-    let shift_xor = |h: &Array, r: u32| -> Result<Array> { Ok(ops::bitwise_xor(h, &ops::right_shift(h, &word(r)?, s)?, s)?) };
+    let shift_xor =
+        |h: &Array, r: u32| -> Result<Array> { Ok(ops::bitwise_xor(h, &ops::right_shift(h, &word(r)?, s)?, s)?) };
     let h = ops::bitwise_xor(h, &word(len)?, s)?;
     let h = ops::multiply(&shift_xor(&h, 16)?, &word(0x85eb_ca6b)?, s)?;
     let h = ops::multiply(&shift_xor(&h, 13)?, &word(0xc2b2_ae35)?, s)?;

@@ -82,7 +82,12 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         s,
     )?;
     ctx.check(&inside_batch, format!("a batch index is outside [0, {n})"))?;
-    let b = ops::clip(&batch, Some(&ops::scalar(0.0, Dtype::I32, s)?), Some(&ops::scalar((n - 1) as f64, Dtype::I32, s)?), s)?;
+    let b = ops::clip(
+        &batch,
+        Some(&ops::scalar(0.0, Dtype::I32, s)?),
+        Some(&ops::scalar((n - 1) as f64, Dtype::I32, s)?),
+        s,
+    )?;
     if h == 0 || w == 0 {
         // No pixel: every sample falls outside.
         let fill = ops::scalar(f64::from(extrapolation), Dtype::F32, s)?;
@@ -107,7 +112,8 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     };
     // [R, ph, pw, C] values at the pixel rows `yi`, columns `xi`.
     let pick = |yi: &Array, xi: &Array| -> Result<Array> {
-        let flat = ops::add(&ops::add(&base, &ops::multiply(yi, &ops::scalar(w as f64, Dtype::I32, s)?, s)?, s)?, xi, s)?;
+        let flat =
+            ops::add(&ops::add(&base, &ops::multiply(yi, &ops::scalar(w as f64, Dtype::I32, s)?, s)?, s)?, xi, s)?;
         let flat = ops::broadcast_to(&flat, &[r, ph, pw], s)?;
         let v = ops::take(&table, &ops::reshape(&flat, &[-1], s)?, 0, s)?;
         Ok(ops::reshape(&v, &[r, ph, pw, c], s)?)

@@ -12,8 +12,8 @@
 mod cdist;
 mod col2im;
 mod conv;
-mod crop_and_resize;
 mod conv_integer;
+mod crop_and_resize;
 mod dropout;
 mod einsum;
 mod embed_layer_norm;
@@ -28,6 +28,7 @@ mod norm_shapes;
 mod pool;
 mod qlinear_pool;
 mod reduce;
+mod roi;
 mod softmax;
 mod unpool;
 mod window;

@@ -282,10 +282,19 @@ mod spec {
     register_spec!(super::QLINEAR_GLOBAL_AVERAGE_POOL, || {
         (dtype_of(&[DType::I8, DType::U8]), 1..=3usize, any::<bool>(), seed())
             .prop_map(|(t, k, last, seed)| {
-                let x: Vec<i64> = [vec![1 + (seed % 2) as i64, 1 + (seed % 3) as i64], (0..k).map(|i| 2 + ((seed >> i) % 4) as i64).collect()].concat();
+                let x: Vec<i64> = [
+                    vec![1 + (seed % 2) as i64, 1 + (seed % 3) as i64],
+                    (0..k).map(|i| 2 + ((seed >> i) % 4) as i64).collect(),
+                ]
+                .concat();
                 let mut y = x.clone();
                 y[2..].iter_mut().for_each(|d| *d = 1);
-                let case = Case::domain_op("com.microsoft", "QLinearGlobalAveragePool", 1).input_with("x", t, &layout(&x, last), full_range(t));
+                let case = Case::domain_op("com.microsoft", "QLinearGlobalAveragePool", 1).input_with(
+                    "x",
+                    t,
+                    &layout(&x, last),
+                    full_range(t),
+                );
                 quantized(case, t)
                     .attr_int("channels_last", last as i64)
                     .output("y", t, &layout(&y, last))
@@ -313,7 +322,12 @@ mod spec {
                     })
                     .collect();
                 let y = [x[..2].to_vec(), out].concat();
-                let case = Case::domain_op("com.microsoft", "QLinearAveragePool", 1).input_with("x", t, &layout(&x, last), full_range(t));
+                let case = Case::domain_op("com.microsoft", "QLinearAveragePool", 1).input_with(
+                    "x",
+                    t,
+                    &layout(&x, last),
+                    full_range(t),
+                );
                 quantized(case, t)
                     .attr_ints("kernel_shape", &vec![kernel; k])
                     .attr_ints("strides", &vec![stride; k])

@@ -21,7 +21,11 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     let b = node.input(3).and_then(|v| v.elem_type);
     match (a, b) {
         (Some(ElemType::U8), Some(ElemType::U8 | ElemType::I8)) | (Some(ElemType::I8), Some(ElemType::I8)) => {}
-        other => return Err(Decline(format!("A and B of types {other:?}: uint8 x uint8/int8 and int8 x int8 are supported"))),
+        other => {
+            return Err(Decline(format!(
+                "A and B of types {other:?}: uint8 x uint8/int8 and int8 x int8 are supported"
+            )));
+        }
     }
     for (i, t) in [(2, a), (5, b)] {
         if node.input(i).and_then(|v| v.elem_type) != t {
@@ -43,7 +47,10 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     // ORT's kernel leaves its output unwritten for an empty inner dimension: nothing to match.
     let trans = |name: &str| node.attr_int(name, 0).map(|v| v != 0);
     let inner = [(0, if trans("transA")? { 0 } else { 1 }), (3, if trans("transB")? { 1 } else { 0 })];
-    if inner.iter().any(|&(i, d)| node.input(i).and_then(|v| v.shape.as_ref()).and_then(|s| s.get(d).copied()) == Some(Some(0))) {
+    if inner
+        .iter()
+        .any(|&(i, d)| node.input(i).and_then(|v| v.shape.as_ref()).and_then(|s| s.get(d).copied()) == Some(Some(0)))
+    {
         return Err(Decline::new("an empty inner dimension is left to the CPU EP"));
     }
     Ok(())
@@ -98,8 +105,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let mut acc = integer_matmul(&a, &b, Some(a_zp), Some(b_zp), s)?;
     if let Some(c) = ctx.optional_input(6) {
         let cs = c.shape();
-        let fits = cs.len() <= 2
-            && cs.iter().rev().zip([n, m]).all(|(&d, full)| d == 1 || d == full);
+        let fits = cs.len() <= 2 && cs.iter().rev().zip([n, m]).all(|(&d, full)| d == 1 || d == full);
         if !fits {
             bail!("C of shape {cs:?} does not broadcast to [{m}, {n}]");
         }
@@ -107,7 +113,8 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     }
     let alpha = ops::scalar(f64::from(node.attr_float("alpha", 1.0)?), Dtype::F32, s)?;
     let b_scale = ops::astype(b_scale, Dtype::F32, s)?;
-    let b_scale = if b_scale.size() > 1 { ops::reshape(&b_scale, &[1, n], s)? } else { ops::reshape(&b_scale, &[], s)? };
+    let b_scale =
+        if b_scale.size() > 1 { ops::reshape(&b_scale, &[1, n], s)? } else { ops::reshape(&b_scale, &[], s)? };
     let mut scale = ops::multiply(&ops::multiply(&alpha, &a_scale, s)?, &b_scale, s)?;
     if let Some(y) = ctx.optional_input(7) {
         scale = ops::divide(&scale, &scalar(y, "y_scale", s)?, s)?;
@@ -161,24 +168,38 @@ mod spec {
                     .input_with("b", bt, &b, Values::int8_weights(bt))
                     .constant("b_scale", DType::F32, &col, Values::Uniform { lo: 0.01, hi: 0.1 })
                     .constant("b_zp", bt, &col, Values::int8_weights(bt));
-                let c_shape: Option<Vec<i64>> =
-                    [None, Some(vec![]), Some(vec![1]), Some(vec![n]), Some(vec![1, n]), Some(vec![m, 1]), Some(vec![m, n]), None]
-                        [c_form as usize]
-                        .clone();
+                let c_shape: Option<Vec<i64>> = [
+                    None,
+                    Some(vec![]),
+                    Some(vec![1]),
+                    Some(vec![n]),
+                    Some(vec![1, n]),
+                    Some(vec![m, 1]),
+                    Some(vec![m, n]),
+                    None,
+                ][c_form as usize]
+                    .clone();
                 case = match &c_shape {
                     Some(c) => case.input_with("c", DType::I32, c, Values::Uniform { lo: -5000.0, hi: 5000.0 }),
                     None => case.absent(),
                 };
                 let case = match out {
                     0 => case.output("y", DType::F32, &[m, n]),
-                    1 => case.constant("y_scale", DType::F32, &[], Values::Uniform { lo: 0.5, hi: 2.0 }).output("y", DType::F32, &[m, n]),
+                    1 => case.constant("y_scale", DType::F32, &[], Values::Uniform { lo: 0.5, hi: 2.0 }).output(
+                        "y",
+                        DType::F32,
+                        &[m, n],
+                    ),
                     _ => case
                         .constant("y_scale", DType::F32, &[], Values::Uniform { lo: 0.5, hi: 2.0 })
                         .constant("y_zp", at, &[], full_range(at))
                         .output("y", at, &[m, n]),
                 };
                 let alpha = [1.0, 0.5, 1.7][(seed % 3) as usize];
-                case.attr_int("transA", ta as i64).attr_int("transB", tb as i64).attr_float("alpha", alpha).with_seed(seed)
+                case.attr_int("transA", ta as i64)
+                    .attr_int("transB", tb as i64)
+                    .attr_float("alpha", alpha)
+                    .with_seed(seed)
             })
             .boxed()
     });

@@ -258,12 +258,16 @@ mod spec {
         (qtype(), broadcast_pair(0..=3), any::<bool>(), seed())
             .prop_map(move |(t, (a, b, _), zc, seed)| {
                 // ORT's CPU EP crashes on an empty operand broadcast against another.
-                let (a, b): (Vec<i64>, Vec<i64>) = (a.iter().map(|&d| d.max(1)).collect(), b.iter().map(|&d| d.max(1)).collect());
+                let (a, b): (Vec<i64>, Vec<i64>) =
+                    (a.iter().map(|&d| d.max(1)).collect(), b.iter().map(|&d| d.max(1)).collect());
                 let y = broadcast_shape(&a, &b).expect("dims of 1 keep a broadcastable pair");
                 let scale = |lo, hi| Values::Uniform { lo, hi };
-                let mut case = Case::domain_op("com.microsoft", op, 1)
-                    .input_with("a", t, &a, full_range(t))
-                    .constant("a_scale", DType::F32, &[], scale(0.005, 0.1));
+                let mut case = Case::domain_op("com.microsoft", op, 1).input_with("a", t, &a, full_range(t)).constant(
+                    "a_scale",
+                    DType::F32,
+                    &[],
+                    scale(0.005, 0.1),
+                );
                 // (ORT's type inference fails without A's and B's zero points, optional as they
                 // are in the schema.)
                 case = case
@@ -283,7 +287,8 @@ mod spec {
     register_spec!(super::QLINEAR_WHERE, || {
         (qtype(), broadcast_pair(0..=3), 0..3u8, 0..4u8, seed())
             .prop_map(|(t, (x, y, _), cond_rank, same, seed)| {
-                let (x, y): (Vec<i64>, Vec<i64>) = (x.iter().map(|&d| d.max(1)).collect(), y.iter().map(|&d| d.max(1)).collect());
+                let (x, y): (Vec<i64>, Vec<i64>) =
+                    (x.iter().map(|&d| d.max(1)).collect(), y.iter().map(|&d| d.max(1)).collect());
                 let xy = broadcast_shape(&x, &y).expect("dims of 1 keep a broadcastable pair");
                 // The condition broadcasts too: its trailing dims, or a scalar.
                 let cond: Vec<i64> = xy[xy.len().saturating_sub(cond_rank as usize)..].to_vec();
@@ -293,7 +298,8 @@ mod spec {
                 let z_scale = Values::Data(vec![0.05]);
                 let z_zp = Values::Data(vec![if t == DType::I8 { -3.0 } else { 120.0 }]);
                 let branch = |case: Case, name: &str, shape: &[i64], copy: bool| {
-                    let (sc, zp) = if copy { (z_scale.clone(), z_zp.clone()) } else { (scale(0.01, 0.2), full_range(t)) };
+                    let (sc, zp) =
+                        if copy { (z_scale.clone(), z_zp.clone()) } else { (scale(0.01, 0.2), full_range(t)) };
                     case.input_with(name, t, shape, full_range(t))
                         .constant(&format!("{name}_scale"), DType::F32, &[], sc)
                         .constant(&format!("{name}_zp"), t, &[], zp)

@@ -25,9 +25,9 @@ mod scatter;
 mod select;
 mod shape;
 mod slice;
-mod unfold;
 #[cfg(feature = "conformance")]
 mod spec_util;
+mod unfold;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
 pub fn link() -> ep_core::registry::Family {
