@@ -1,4 +1,5 @@
-//! Slice (attributes before opset 10, inputs from 10), with negative steps.
+//! Slice (attributes before opset 10, inputs from 10), with negative steps; ORT's earlier
+//! DynamicSlice (opset 9 or older: Slice's inputs without steps).
 
 use ep_core::lowering::{ALL_TYPES, FnLowering, normalize_axis, require_input_type};
 use ep_core::mlx::{Array, ops};
@@ -36,7 +37,7 @@ fn lower_slice(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
     let shape = x.shape();
     let rank = shape.len();
-    let (starts, ends, axes, steps) = if node.since_version >= 10 {
+    let (starts, ends, axes, steps) = if node.since_version >= 10 || node.op_type == "DynamicSlice" {
         let opt = |i: usize| -> Result<Option<Vec<i64>>> {
             if ctx.optional_input(i).is_some() { Ok(Some(ctx.host_i64(i)?)) } else { Ok(None) }
         };
@@ -83,6 +84,29 @@ fn lower_slice(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     Ok(vec![y])
 }
 
+fn claim_dynamic_slice(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    ep_core::lowering::require_inputs(node, 3, 4)?;
+    claim_slice(node)?;
+    // ORT's kernel takes one index type for starts, ends and axes.
+    let t = |i: usize| node.input(i).and_then(|v| v.elem_type);
+    if t(2) != t(1) || node.input(3).is_some_and(|_| t(3) != t(1)) {
+        return Err(Decline::new("starts, ends and axes differ in type"));
+    }
+    Ok(())
+}
+
+ep_core::register_lowering!(
+    DYNAMIC_SLICE = FnLowering {
+        domain: "",
+        op: "DynamicSlice",
+        opsets: 1..=9,
+        claim: claim_dynamic_slice,
+        lower: lower_slice,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
 ep_core::register_lowering!(
     SLICE = FnLowering {
         domain: "",
@@ -101,6 +125,28 @@ mod spec {
     use crate::spec_util::*;
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, register_spec};
+
+    register_spec!(super::DYNAMIC_SLICE, || {
+        let bound = prop_oneof![4 => -6..=6i64, 1 => Just(i64::MAX), 1 => Just(i32::MAX as i64)];
+        (any_dtype(), nonempty_shape(1..=4), collection::vec((bound.clone(), bound), 1..=4), any::<(bool, bool)>(), seed())
+            .prop_map(|(t, s, slices, (explicit_axes, neg_axes), seed)| {
+                let r = s.len();
+                let slices = &slices[..slices.len().min(r)];
+                let (mut starts, mut ends, mut axes) = (vec![], vec![], vec![]);
+                let mut out = s.clone();
+                for (i, &(a, b)) in slices.iter().enumerate() {
+                    let axis = if explicit_axes { r - 1 - i } else { i };
+                    starts.push(a);
+                    ends.push(b);
+                    axes.push(if neg_axes { axis as i64 - r as i64 } else { axis as i64 });
+                    out[axis] = slice_range(s[axis], a, b, 1).2;
+                }
+                let case = Case::op("DynamicSlice", 9).input("x", t, &s).constant_i64("starts", &starts).constant_i64("ends", &ends);
+                let case = if explicit_axes { case.constant_i64("axes", &axes) } else { case };
+                case.output("y", t, &out).with_seed(seed)
+            })
+            .boxed()
+    });
 
     register_spec!(super::SLICE, || {
         let bound = prop_oneof![4 => -6..=6i64, 1 => Just(i64::MAX), 1 => Just(i64::MIN)];
