@@ -141,6 +141,58 @@ fn lower_unique(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     Ok(vec![y, idx, Array::from_slice(&inverse, &[inverse.len() as i64])?, Array::from_slice(&counts, &[k])?])
 }
 
+fn claim_contrib_unique(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 1)?;
+    require_input_type(node, 0, &[ElemType::F32])?;
+    match ep_core::lowering::input_rank(node, 0) {
+        Some(1) | None => Ok(()),
+        Some(r) => Err(Decline(format!("input rank {r}: ORT's kernel takes 1-D input only"))),
+    }
+}
+
+/// `com.microsoft` Unique (float32, 1-D): the distinct values in order of first occurrence
+/// (values equal as floats are one: -0 and 0 keep the first seen; every NaN is its own), each
+/// element's position among them, and the counts.
+fn lower_contrib_unique(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+    let x = ctx.input(0)?;
+    if x.ndim() != 1 {
+        bail!("the input of shape {:?} must be 1-D", x.shape());
+    }
+    let s = ctx.stream_for(x.dtype());
+    let values = ctx.host_f64(0)?;
+    let mut firsts: Vec<usize> = Vec::new();
+    let mut inverse = Vec::with_capacity(values.len());
+    for (i, v) in values.iter().enumerate() {
+        match firsts.iter().position(|&f| values[f] == *v) {
+            Some(p) => inverse.push(p as i64),
+            None => {
+                inverse.push(firsts.len() as i64);
+                firsts.push(i);
+            }
+        }
+    }
+    let mut counts = vec![0i64; firsts.len()];
+    for &u in &inverse {
+        counts[u as usize] += 1;
+    }
+    let k = firsts.len() as i64;
+    let at: Vec<i64> = firsts.iter().map(|&i| i as i64).collect();
+    let y = ops::take(x, &Array::from_slice(&at, &[k])?, 0, s)?;
+    Ok(vec![y, Array::from_slice(&inverse, &[inverse.len() as i64])?, Array::from_slice(&counts, &[k])?])
+}
+
+ep_core::register_lowering!(
+    CONTRIB_UNIQUE = FnLowering {
+        domain: "com.microsoft",
+        op: "Unique",
+        opsets: 1..=i32::MAX,
+        claim: claim_contrib_unique,
+        lower: lower_contrib_unique,
+        safety: CompileSafety::Never,
+        growth: None,
+    }
+);
+
 ep_core::register_lowering!(
     UNIQUE = FnLowering {
         domain: "",
@@ -224,6 +276,34 @@ mod spec {
                     .output("indices", DType::I64, &[count])
                     .output("inverse", DType::I64, &[inverse_len])
                     .output("counts", DType::I64, &[count])
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!(super::CONTRIB_UNIQUE, || {
+        (0..=12i64, 1..=5i64, seed())
+            .prop_map(|(n, spread, seed)| {
+                // Repeats, and now and then both zeros and NaN.
+                let data: Vec<f64> = (0..n)
+                    .map(|i| match (i as u64 * 7 + seed) % 13 {
+                        0 if seed % 3 == 0 => f64::NAN,
+                        1 if seed % 2 == 0 => -0.0,
+                        v => ((v as i64) % spread) as f64 * 0.5,
+                    })
+                    .collect();
+                let mut firsts: Vec<f64> = Vec::new();
+                for &v in &data {
+                    if !firsts.iter().any(|&f| f == v) {
+                        firsts.push(v);
+                    }
+                }
+                let k = firsts.len() as i64;
+                Case::domain_op("com.microsoft", "Unique", 1)
+                    .input_with("x", DType::F32, &[n], Values::Data(data))
+                    .output("y", DType::F32, &[k])
+                    .output("idx", DType::I64, &[n])
+                    .output("counts", DType::I64, &[k])
                     .with_seed(seed)
             })
             .boxed()
