@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod gather_block_quantized;
+mod matmul_bnb4;
 mod matmul_integer16;
 mod matmul_nbits;
 mod matmul_to_float;
