@@ -32,6 +32,7 @@ mod roi;
 mod softmax;
 mod unpool;
 mod window;
+mod word_conv_embedding;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
 pub fn link() -> ep_core::registry::Family {
