@@ -13,6 +13,7 @@ mod group_query_attention;
 mod heads;
 mod key_mask;
 mod multi_head_attention;
+mod packed_attention;
 mod rotary;
 mod rotary_embedding;
 mod tensor_scatter;

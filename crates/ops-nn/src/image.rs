@@ -117,7 +117,8 @@ mod spec {
             .prop_map(|(mut x, (left, top, right, bottom), scaled, v, seed)| {
                 x[2] += top + bottom;
                 x[3] += left + right;
-                let case = Case::op("Crop", v).input("x", DType::F32, &x).attr_ints("border", &[left, top, right, bottom]);
+                let case =
+                    Case::op("Crop", v).input("x", DType::F32, &x).attr_ints("border", &[left, top, right, bottom]);
                 let (h, w) = if scaled {
                     // A window from the top-left border, within the image.
                     ((x[2] - top).min(1 + (seed % 3) as i64), (x[3] - left).min(1 + (seed % 4) as i64))

@@ -125,7 +125,9 @@ mod spec {
                     .constant("b", DType::F32, &[f], unit.clone())
                     .constant("c", DType::F32, &[v, e], unit);
                 let case = if attrs {
-                    case.attr_int("embedding_size", f).attr_int("conv_window_size", fw).attr_int("char_embedding_size", e)
+                    case.attr_int("embedding_size", f)
+                        .attr_int("conv_window_size", fw)
+                        .attr_int("char_embedding_size", e)
                 } else {
                     case
                 };

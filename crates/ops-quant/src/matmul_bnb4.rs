@@ -11,8 +11,22 @@ use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail
 
 /// The FP4 codes' values.
 const FP4: [f32; 16] = [
-    0.0, 5.208_333_3e-3, 0.666_666_7, 1.0, 0.333_333_33, 0.5, 0.166_666_67, 0.25, -0.0, -5.208_333_3e-3, -0.666_666_7, -1.0,
-    -0.333_333_33, -0.5, -0.166_666_67, -0.25,
+    0.0,
+    5.208_333_3e-3,
+    0.666_666_7,
+    1.0,
+    0.333_333_33,
+    0.5,
+    0.166_666_67,
+    0.25,
+    -0.0,
+    -5.208_333_3e-3,
+    -0.666_666_7,
+    -1.0,
+    -0.333_333_33,
+    -0.5,
+    -0.166_666_67,
+    -0.25,
 ];
 
 /// The NF4 codes' values (normal-float quantiles).
@@ -51,7 +65,9 @@ fn layout(node: &NodeInfo) -> std::result::Result<Layout, String> {
     };
     let (k, n, block, quant) = (get("K")?, get("N")?, get("block_size")?, get("quant_type")?);
     if k < 1 || n < 1 || !matches!(block, 16 | 32 | 64 | 128 | 256) || !(0..=1).contains(&quant) {
-        return Err(format!("K {k}, N {n}, block_size {block} (16 to 256, a power of two), quant_type {quant} (0 or 1)"));
+        return Err(format!(
+            "K {k}, N {n}, block_size {block} (16 to 256, a power of two), quant_type {quant} (0 or 1)"
+        ));
     }
     Ok(Layout { k, n, block, nf4: quant == 1 })
 }
@@ -83,7 +99,8 @@ fn dequantize(b: &Array, absmax: &Array, l: &Layout, s: &Stream) -> Result<Array
     let values = ops::take(&table, &ops::astype(&codes, Dtype::I32, s)?, 0, s)?;
     let blocks = (count + l.block - 1) / l.block;
     let scale = ops::slice(&ops::reshape(absmax, &[-1], s)?, &[0], &[blocks], s)?;
-    let scale = ops::reshape(&ops::broadcast_to(&ops::reshape(&scale, &[blocks, 1], s)?, &[blocks, l.block], s)?, &[-1], s)?;
+    let scale =
+        ops::reshape(&ops::broadcast_to(&ops::reshape(&scale, &[blocks, 1], s)?, &[blocks, l.block], s)?, &[-1], s)?;
     let scale = ops::slice(&scale, &[0], &[count], s)?;
     Ok(ops::reshape(&ops::multiply(&values, &scale, s)?, &[l.n, l.k], s)?)
 }
@@ -102,7 +119,8 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     if a.ndim() == 0 || *a.shape().last().expect("rank checked") != l.k {
         bail!("A of shape {:?} does not end in K = {}", a.shape(), l.k);
     }
-    let w = ctx.derived_many(&[1, 2], "bnb4-weight", |args, s| Ok(vec![dequantize(args[0], args[1], &l, s)?]))?.remove(0);
+    let w =
+        ctx.derived_many(&[1, 2], "bnb4-weight", |args, s| Ok(vec![dequantize(args[0], args[1], &l, s)?]))?.remove(0);
     let wt = ops::transpose_axes(&w, &[1, 0], s)?;
     Ok(vec![ops::matmul(a, &wt, s)?])
 }
@@ -136,7 +154,12 @@ mod spec {
                 Case::domain_op("com.microsoft", "MatMulBnb4", 1)
                     .input("a", DType::F32, &a)
                     .constant("b", DType::U8, &[(count + 1) / 2], Values::Uniform { lo: 0.0, hi: 256.0 })
-                    .constant("absmax", DType::F32, &[(count + block - 1) / block], Values::Uniform { lo: 0.1, hi: 2.0 })
+                    .constant(
+                        "absmax",
+                        DType::F32,
+                        &[(count + block - 1) / block],
+                        Values::Uniform { lo: 0.1, hi: 2.0 },
+                    )
                     .attr_int("K", k)
                     .attr_int("N", n)
                     .attr_int("block_size", block)

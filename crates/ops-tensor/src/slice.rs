@@ -128,7 +128,13 @@ mod spec {
 
     register_spec!(super::DYNAMIC_SLICE, || {
         let bound = prop_oneof![4 => -6..=6i64, 1 => Just(i64::MAX), 1 => Just(i32::MAX as i64)];
-        (any_dtype(), nonempty_shape(1..=4), collection::vec((bound.clone(), bound), 1..=4), any::<(bool, bool)>(), seed())
+        (
+            any_dtype(),
+            nonempty_shape(1..=4),
+            collection::vec((bound.clone(), bound), 1..=4),
+            any::<(bool, bool)>(),
+            seed(),
+        )
             .prop_map(|(t, s, slices, (explicit_axes, neg_axes), seed)| {
                 let r = s.len();
                 let slices = &slices[..slices.len().min(r)];
@@ -141,7 +147,10 @@ mod spec {
                     axes.push(if neg_axes { axis as i64 - r as i64 } else { axis as i64 });
                     out[axis] = slice_range(s[axis], a, b, 1).2;
                 }
-                let case = Case::op("DynamicSlice", 9).input("x", t, &s).constant_i64("starts", &starts).constant_i64("ends", &ends);
+                let case = Case::op("DynamicSlice", 9)
+                    .input("x", t, &s)
+                    .constant_i64("starts", &starts)
+                    .constant_i64("ends", &ends);
                 let case = if explicit_axes { case.constant_i64("axes", &axes) } else { case };
                 case.output("y", t, &out).with_seed(seed)
             })
