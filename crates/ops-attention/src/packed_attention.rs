@@ -11,6 +11,10 @@
 //!
 //! float32, as the CPU EP's kernel. Declined: a 4-D (Megatron) mask, rotary, the shared
 //! past/present buffer and `past_sequence_length`, an absent bias (ORT's kernel reads it).
+//!
+//! `com.microsoft` QAttention is the same with a uint8 input and an int8 or uint8 weight:
+//! the projection's integer product scaled by `input_scale * weight_scale` (one value, or one
+//! per projected column for the weight's scale and zero point), no attention bias.
 
 use crate::heads;
 use ep_core::lowering::{FnLowering, input_rank, require_input_type, require_inputs};
@@ -71,32 +75,52 @@ fn keep_keys(mask: &Array, batch: i64, q_len: i64, total: i64, s: &Stream) -> Re
     })
 }
 
+/// Where the attention inputs after the projection sit: Attention's and QAttention's differ.
+struct Inputs {
+    mask: usize,
+    past: usize,
+    bias: Option<usize>,
+}
+
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
-    let (x, w, bias) = (ctx.input(0)?, ctx.input(1)?, ctx.input(2)?);
-    let heads = node.attr_int("num_heads", 0)?;
+    let (x, w) = (ctx.input(0)?, ctx.input(1)?);
     let (xs, ws) = (x.shape(), w.shape());
     if xs.len() != 3 || ws.len() != 2 || ws[0] != xs[2] {
         bail!("input {xs:?} and weights {ws:?} do not fit [B, S, D] @ [D, 3D]");
     }
-    let (batch, q_len) = (xs[0], xs[1]);
+    let projected = ops::matmul(x, w, s)?;
+    attend(ctx, node, projected, Inputs { mask: 3, past: 4, bias: Some(5) })
+}
+
+/// Attention over `projected` (`input @ weights`, `[B, S, D + D + D_v]`) plus the bias (input
+/// 2).
+fn attend(ctx: &mut LowerCtx<'_>, node: &NodeInfo, projected: Array, at: Inputs) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    let bias = ctx.input(2)?;
+    let heads = node.attr_int("num_heads", 0)?;
+    let xs = projected.shape();
+    let (batch, q_len, width) = (xs[0], xs[1], xs[2]);
     let sizes = match node.attr_ints("qkv_hidden_sizes")? {
         Some(v) if v.len() == 3 => v.to_vec(),
         Some(v) => bail!("qkv_hidden_sizes {v:?} must hold three sizes"),
-        None if ws[1] % 3 == 0 => vec![ws[1] / 3; 3],
-        None => bail!("weights {ws:?} do not split into three equal parts"),
+        None if width % 3 == 0 => vec![width / 3; 3],
+        None => bail!("the projection's {width} columns do not split into three equal parts"),
     };
     let (d, dk, dv) = (sizes[0], sizes[1], sizes[2]);
-    if d != dk || d + dk + dv != ws[1] || bias.shape() != [ws[1]] || d % heads != 0 || dv % heads != 0 || d < 1 {
-        bail!("qkv_hidden_sizes {sizes:?}, weights {ws:?}, bias {:?} and {heads} heads do not fit", bias.shape());
+    if d != dk || d + dk + dv != width || bias.shape() != [width] || d % heads != 0 || dv % heads != 0 || d < 1 {
+        bail!(
+            "qkv_hidden_sizes {sizes:?}, {width} projected columns, bias {:?} and {heads} heads do not fit",
+            bias.shape()
+        );
     }
-    let qkv = ops::add(&ops::matmul(x, w, s)?, bias, s)?;
+    let qkv = ops::add(&projected, bias, s)?;
     let parts = ops::split_at(&qkv, &[d, 2 * d], 2, s)?;
     let q = heads::split(&parts[0], heads, s)?;
     let (mut k, mut v) = (heads::split(&parts[1], heads, s)?, heads::split(&parts[2], heads, s)?);
     let (head, v_head) = (d / heads, dv / heads);
     let mut past_len = 0;
-    if let Some(past) = ctx.optional_input(4) {
+    if let Some(past) = ctx.optional_input(at.past) {
         let ps = past.shape();
         if ps.len() != 5 || ps[0] != 2 || ps[1] != batch || ps[2] != heads || ps[4] != head || head != v_head {
             bail!("past {ps:?} is not [2, {batch}, {heads}, P, {head}] (with equal Q and V head sizes)");
@@ -116,7 +140,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let total = past_len + q_len;
     // The additive term: the attention bias, the padding mask's filter value, the causal
     // frontier at the lowest float.
-    let mut add: Option<Array> = ctx.optional_input(5).cloned();
+    let mut add: Option<Array> = at.bias.and_then(|i| ctx.optional_input(i)).cloned();
     if let Some(b) = &add {
         let bs = b.shape();
         let fits = |dim: i64, n: i64| dim == n || dim == 1;
@@ -124,7 +148,9 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             bail!("attention_bias {bs:?} must be [{batch} or 1, {heads} or 1, {q_len}, {total}]");
         }
     }
-    if let Some(mask) = ctx.optional_input(3).cloned() {
+    // A 2-D mask of one column ([1, 1] or [B, 1]) is ORT's dummy mask: no mask at all.
+    let dummy = |m: &Array| m.ndim() == 2 && m.shape()[1] == 1 && (m.shape()[0] == 1 || m.shape()[0] == batch);
+    if let Some(mask) = ctx.optional_input(at.mask).filter(|m| !dummy(m)).cloned() {
         if mask.ndim() == 1 {
             // Key lengths (end positions) must not be negative, as ORT's kernel checks.
             let ends = ops::slice(&mask, &[0], &[batch.min(mask.size() as i64)], s)?;
@@ -171,6 +197,96 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     Ok(outs)
 }
 
+fn claim_quantized(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 5, 9)?;
+    for i in 0..5 {
+        if node.input(i).is_none() {
+            return Err(Decline::new(format!("input {i} is missing")));
+        }
+    }
+    require_input_type(node, 0, &[ElemType::U8])?;
+    require_input_type(node, 1, &[ElemType::I8, ElemType::U8])?;
+    for i in [2, 3, 4, 8] {
+        require_input_type(node, i, &[ElemType::F32])?;
+    }
+    require_input_type(node, 5, &[ElemType::I32])?;
+    let same =
+        |a: usize, b: usize| node.input(b).is_none_or(|v| v.elem_type == node.input(a).and_then(|v| v.elem_type));
+    if !same(0, 6) || !same(1, 7) {
+        return Err(Decline::new("a zero point differs in type from its tensor"));
+    }
+    if node.attr_int("do_rotary", 0)? != 0 || node.attr_int("past_present_share_buffer", 0)? != 0 {
+        return Err(Decline::new("do_rotary and past_present_share_buffer are not supported"));
+    }
+    if node.attr_int("num_heads", 0)? < 1 {
+        return Err(Decline::new("num_heads must be positive"));
+    }
+    if input_rank(node, 5).is_some_and(|r| !(1..=3).contains(&r)) {
+        return Err(Decline::new("a 4-D mask_index is not supported"));
+    }
+    if input_rank(node, 0).is_some_and(|r| r != 3) || input_rank(node, 1).is_some_and(|r| r != 2) {
+        return Err(Decline::new("input must be [B, S, D] and weight [D, 3D]"));
+    }
+    Ok(())
+}
+
+/// A quantization parameter of one value, or (`per_column`) one per projected column.
+fn parameter(a: &Array, columns: i64, per_column: bool, what: &str, s: &Stream) -> Result<Array> {
+    let f = ops::astype(a, Dtype::F32, s)?;
+    if a.size() == 1 && a.ndim() <= 1 {
+        return Ok(ops::reshape(&f, &[], s)?);
+    }
+    if per_column && a.shape() == [columns] {
+        return Ok(f);
+    }
+    bail!(
+        "{what} of shape {:?} must be one value{}",
+        a.shape(),
+        if per_column { format!(" or [{columns}]") } else { String::new() }
+    );
+}
+
+/// QAttention: the projection of the 8-bit input by the 8-bit weight, `(x - x_zp) @ (w - w_zp)`
+/// (in float32: exact while K stays within 258 columns of full-range bytes, as close as a
+/// float32 product past that), scaled by `input_scale * weight_scale`, then Attention.
+fn lower_quantized(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let s = ctx.stream();
+    let (x, w) = (ctx.input(0)?, ctx.input(1)?);
+    let (xs, ws) = (x.shape(), w.shape());
+    if xs.len() != 3 || ws.len() != 2 || ws[0] != xs[2] {
+        bail!("input {xs:?} and weight {ws:?} do not fit [B, S, D] @ [D, 3D]");
+    }
+    let columns = ws[1];
+    let centred = |a: &Array, zp: Option<usize>, per_column: bool, what: &str| -> Result<Array> {
+        let f = ops::astype(a, Dtype::F32, s)?;
+        Ok(match zp.and_then(|i| ctx.optional_input(i)) {
+            Some(z) => ops::subtract(&f, &parameter(z, columns, per_column, what, s)?, s)?,
+            None => f,
+        })
+    };
+    let xc = centred(x, Some(6), false, "input_zero_point")?;
+    let wc = centred(w, Some(7), true, "weight_zero_point")?;
+    let scale = ops::multiply(
+        &parameter(ctx.input(3)?, columns, false, "input_scale", s)?,
+        &parameter(ctx.input(4)?, columns, true, "weight_scale", s)?,
+        s,
+    )?;
+    let projected = ops::multiply(&ops::matmul(&xc, &wc, s)?, &scale, s)?;
+    attend(ctx, node, projected, Inputs { mask: 5, past: 8, bias: None })
+}
+
+ep_core::register_lowering!(
+    QATTENTION = FnLowering {
+        domain: "com.microsoft",
+        op: "QAttention",
+        opsets: 1..=i32::MAX,
+        claim: claim_quantized,
+        lower: lower_quantized,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
 ep_core::register_lowering!(
     ATTENTION = FnLowering {
         domain: "com.microsoft",
@@ -187,6 +303,63 @@ ep_core::register_lowering!(
 mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, Values, register_spec};
+
+    register_spec!(super::QATTENTION, || {
+        let dims = (1..=2i64, 1..=4i64, prop_oneof![1..=8i64, 250..=300i64], 1..=2i64, 1..=4i64);
+        (dims, 0..3u8, any::<(bool, bool, bool, bool)>(), 0..=2i64, seed())
+            .prop_map(|((b, sq, din, n, h), mask, (causal, signed, per_column, zps), past, seed)| {
+                let d = n * h;
+                let total = past + sq;
+                let wt = if signed { DType::I8 } else { DType::U8 };
+                let weights = if signed {
+                    Values::Uniform { lo: -64.0, hi: 64.0 }
+                } else {
+                    Values::Uniform { lo: 0.0, hi: 256.0 }
+                };
+                let col = if per_column { vec![3 * d] } else { vec![] };
+                let mut case = Case::domain_op("com.microsoft", "QAttention", 1)
+                    .input_with("x", DType::U8, &[b, sq, din], Values::Uniform { lo: 0.0, hi: 256.0 })
+                    .constant("w", wt, &[din, 3 * d], weights.clone())
+                    .constant("bias", DType::F32, &[3 * d], Values::Uniform { lo: -1.0, hi: 1.0 })
+                    .constant("x_scale", DType::F32, &[], Values::Uniform { lo: 0.001, hi: 0.01 })
+                    .constant("w_scale", DType::F32, &col, Values::Uniform { lo: 0.001, hi: 0.01 });
+                let lengths: Vec<f64> = (0..b).map(|i| (1 + (seed as i64 + i) % total) as f64).collect();
+                case = match mask {
+                    0 => case.absent(),
+                    1 => case.input_with("mask", DType::I32, &[b], Values::Data(lengths)),
+                    _ => case.input_with(
+                        "mask",
+                        DType::I32,
+                        &[b, total],
+                        Values::Data(
+                            (0..b * total)
+                                .map(|i| if i % total == 0 { 1.0 } else { ((seed >> (i % 50)) & 1) as f64 })
+                                .collect(),
+                        ),
+                    ),
+                };
+                case = if zps {
+                    case.constant("x_zp", DType::U8, &[], Values::Uniform { lo: 0.0, hi: 256.0 })
+                        .constant("w_zp", wt, &col, weights)
+                } else {
+                    case.absent().absent()
+                };
+                if past > 0 {
+                    case =
+                        case.input_with("past", DType::F32, &[2, b, n, past, h], Values::Uniform { lo: -1.0, hi: 1.0 });
+                }
+                case = case.attr_int("num_heads", n).attr_int("unidirectional", causal as i64).output(
+                    "y",
+                    DType::F32,
+                    &[b, sq, d],
+                );
+                if past > 0 || seed % 2 == 0 {
+                    case = case.output("present", DType::F32, &[2, b, n, total, h]);
+                }
+                case.with_seed(seed)
+            })
+            .boxed()
+    });
 
     register_spec!(super::ATTENTION, || {
         let dims = (1..=2i64, 1..=4i64, 1..=6i64, 1..=2i64, 1..=4i64, 1..=3i64);
