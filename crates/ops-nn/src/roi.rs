@@ -167,7 +167,7 @@ fn claim_roi_align(node: &NodeInfo) -> std::result::Result<(), Decline> {
     mode_is_max(node).map_err(Decline)?;
     half_pixel(node).map_err(Decline)?;
     let ss = node.attr_float("spatial_scale", 1.0)?;
-    if !(ss.abs() <= 1e6) {
+    if !ss.is_finite() || ss.abs() > 1e6 {
         return Err(Decline(format!("spatial_scale {ss} is not finite or past 1e6")));
     }
     let (oh, ow) = (node.attr_int("output_height", 1)?, node.attr_int("output_width", 1)?);

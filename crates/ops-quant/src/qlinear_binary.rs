@@ -28,7 +28,7 @@ fn levels(t: Dtype) -> Result<std::ops::RangeInclusive<i32>> {
 fn saturate(v: f32, t: Dtype) -> i32 {
     let r = levels(t).expect("checked at claim");
     let v = v.round_ties_even();
-    if !(v.abs() < 2147483648.0) {
+    if v.is_nan() || v.abs() >= 2147483648.0 {
         return *r.start();
     }
     v.clamp(*r.start() as f32, *r.end() as f32) as i32

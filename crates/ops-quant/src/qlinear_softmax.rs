@@ -41,7 +41,7 @@ fn before_13(node: &NodeInfo) -> std::result::Result<bool, String> {
 }
 
 fn axis(node: &NodeInfo) -> std::result::Result<i64, String> {
-    node.attr_int("axis", if before_13(node)? { 1 } else { -1 }).map_err(Into::into)
+    node.attr_int("axis", if before_13(node)? { 1 } else { -1 })
 }
 
 /// One value of input `i` on the host.

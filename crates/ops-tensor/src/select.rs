@@ -294,7 +294,7 @@ mod spec {
                     .collect();
                 let mut firsts: Vec<f64> = Vec::new();
                 for &v in &data {
-                    if !firsts.iter().any(|&f| f == v) {
+                    if !firsts.contains(&v) {
                         firsts.push(v);
                     }
                 }
