@@ -21,7 +21,7 @@
 #   report   the README's GPU figures in one call: both decoders (KV in the EP's memory, traced,
 #            the bare compiled graph), the native floor, the CNNs, the fp16 decoder growing
 #   coldstart first runs on an empty kernel cache and in a second process, per compile mode
-#            ($MODES: fuse0 eager fuse1): the CNNs and the fp16 decoder
+#            ($MODES: fuse0 eager fuse1, or default): the CNNs and the fp16 decoder
 #   controlflow python/check_control_flow.py --bench: the VAD-shaped model and the audio
 #            front-end (If, LSTM, Scan, DFT), ORT's CPU EP against the MLX EP
 #   cmd      the command in $GPU_CMD, in this environment (for one-off measurements)
@@ -62,7 +62,7 @@ if [ -n "${MLX_EP_KERNELS:-}" ] && [ -f "$MLX_EP_KERNELS" ] && [ ! -e "$kernels.
   echo "kernel cache: $(find "$kernels" -type f | wc -l) files unpacked from $MLX_EP_KERNELS"
 fi
 
-with_env() { (export "${env_set[@]}"; "$@"); }
+with_env() { (if [ ${#env_set[@]} -gt 0 ]; then export "${env_set[@]}"; fi; "$@"); }
 section() { echo; echo "===== $* ($(date +%T))"; }
 timed() {  # timed LIMIT_S NAME CMD...: run CMD under a time limit, print its wall time
   local limit=$1 name=$2; shift 2
@@ -178,12 +178,14 @@ for s in "${sections[@]}"; do
     coldstart)
       # First runs on an empty kernel cache (MLX's and the CUDA driver's, fresh per mode), then
       # a second process, per compile mode: $MODES (default "fuse0 eager fuse1"): compiled
-      # without fused kernels (the default on CUDA), eager, compiled with them. $LLM=0 skips the decoder.
+      # without fused kernels (the default on CUDA), eager, compiled with them; `default` sets
+      # nothing (the options' defaults). $LLM=0 skips the decoder.
       timed 60 export python3 gpu/cnn_models.py /tmp/mlx-gpu/models >/dev/null 2>&1
       for mode in ${MODES:-fuse0 eager fuse1}; do
         case $mode in
           fuse0) env_set=(ONNXRUNTIME_EP_MLX_FUSE=0) ;;
           eager) env_set=(ONNXRUNTIME_EP_MLX_COMPILE=0) ;;
+          default) env_set=() ;;
           *) env_set=(ONNXRUNTIME_EP_MLX_FUSE=1) ;;
         esac
         rm -rf "/tmp/mlx-cold-$mode" "/tmp/nv-cold-$mode"
