@@ -284,10 +284,10 @@ mod spec {
     register_spec!(super::CONTRIB_UNIQUE, || {
         (0..=12i64, 1..=5i64, seed())
             .prop_map(|(n, spread, seed)| {
-                // Repeats, and now and then both zeros and NaN.
+                // Repeats, and now and then both zeros. (NaN, which a case's JSON cannot hold,
+                // comes from the fuzzer's nan-inf mutation.)
                 let data: Vec<f64> = (0..n)
                     .map(|i| match (i as u64 * 7 + seed) % 13 {
-                        0 if seed % 3 == 0 => f64::NAN,
                         1 if seed % 2 == 0 => -0.0,
                         v => ((v as i64) % spread) as f64 * 0.5,
                     })
