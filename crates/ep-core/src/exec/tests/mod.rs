@@ -7,6 +7,7 @@ use crate::lowering::Decline;
 use crate::lowering::LowerCtx;
 use crate::mlx::{self, Array, Dtype, Stream};
 
+mod retry;
 mod rows_and_decode;
 
 /// A test lowering: an op name, a compile safety and a lowering function; claims everything.
@@ -584,29 +585,4 @@ fn subgraph_initializers_are_uploaded_once_per_plan() {
     for y in [first, second] {
         assert_eq!(y[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap(), vec![7.0, 8.0, 9.0]);
     }
-}
-
-#[test]
-fn a_run_retried_after_a_half_written_jit_library_counts_once() {
-    let stats = SessionStats::default();
-    let mut attempts = 0;
-    let got = compiled::jit_retry(&stats, || {
-        attempts += 1;
-        if attempts < 3 {
-            return Err(Error::new("[compile] Could not load C++ shared library /tmp/x.so"));
-        }
-        stats.evaluations.fetch_add(1, Ordering::Relaxed);
-        Ok(attempts)
-    });
-    assert_eq!(got.unwrap(), 3);
-    assert_eq!(SessionStats::count(&stats.jit_retries), 2);
-    assert_eq!(SessionStats::count(&stats.evaluations), 1);
-    // Any other error is returned at once.
-    let mut tries = 0;
-    let e = compiled::jit_retry(&stats, || -> Result<()> {
-        tries += 1;
-        Err(Error::new("shapes do not broadcast"))
-    });
-    assert!(e.is_err());
-    assert_eq!(tries, 1);
 }
