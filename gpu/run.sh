@@ -24,6 +24,9 @@
 #            ($MODES: fuse0 eager fuse1, or default): the CNNs and the fp16 decoder
 #   controlflow python/check_control_flow.py --bench: the VAD-shaped model and the audio
 #            front-end (If, LSTM, Scan, DFT), ORT's CPU EP against the MLX EP
+#   primcost the cost of one primitive on the device: gpu/chain_models.py's chains (staged in
+#            target/gpu/models/) through the EP, bare compiled graph per node, fused and not;
+#            with target/gpu/old/libonnxruntime_mlx_ep.so present, that plugin too (A/B)
 #   cmd      the command in $GPU_CMD, in this environment (for one-off measurements)
 #   keep     the JIT kernel cache into $OUT/kernels.tar.gz (a later machine can carry it
 #            back: MLX_EP_KERNELS=path/kernels.tar.gz unpacks it before anything runs)
@@ -207,6 +210,18 @@ for s in "${sections[@]}"; do
     controlflow)
       section "control flow: a VAD-shaped model and an audio front-end, CPU EP vs MLX EP"
       (cd python && timed 200 controlflow python3 check_control_flow.py --bench) ;;
+    primcost)
+      libs=("$ORT_MLX_EP_LIB"); [ -f target/gpu/old/libonnxruntime_mlx_ep.so ] && libs+=("$root/target/gpu/old/libonnxruntime_mlx_ep.so")
+      for lib in "${libs[@]}"; do
+        for m in add addb cast; do
+          for f in 0 1; do
+            section "primcost: $m, fuse=$f, $lib"
+            ORT_MLX_EP_LIB=$lib ONNXRUNTIME_EP_MLX_FUSE=$f ONNXRUNTIME_EP_MLX_VERBOSE=1 ONNXRUNTIME_EP_MLX_BARE_REPLAYS=50 \
+              timed 120 "primcost $m fuse=$f" mlx-ep-run run "target/gpu/models/$m.onnx" --repeat 50 2>&1 \
+              | grep -E "bare compiled|graph per run|MLXExecutionProvider: [0-9.]+ ms" | cut -c1-220
+          done
+        done
+      done ;;
     cmd)
       section "command: $GPU_CMD"
       bash -c "$GPU_CMD" ;;

@@ -44,16 +44,23 @@ pub fn run(args: &[String]) -> Result {
     step("cargo test --workspace");
     util::run(util::cargo().args(["test", "--workspace"]).env("ORT_MLX_EP_LIB", util::plugin_path("debug")))?;
     crate::conformance::property_suite(&["--cases".to_string(), crate::conformance::CI_CASES.to_string()])?;
-    // The attention forms a GPU takes (MLX's fused one-query kernel with the mask carried in
-    // the head dimension), checked here on the CPU, where they are otherwise not taken.
-    step("GroupQueryAttention in the GPU's forms (ONNXRUNTIME_EP_MLX_TEST_KEY_MASK=1)");
-    util::run(
-        util::cargo()
-            .args(["run", "-q", "-p", "conformance", "--bin", "mlx-ep-conformance", "--"])
-            .args(["--op", "GroupQueryAttention", "--cases", "200"])
-            .env("ORT_MLX_EP_LIB", util::plugin_path("debug"))
-            .env("ONNXRUNTIME_EP_MLX_TEST_KEY_MASK", "1"),
-    )?;
+    // The forms a GPU takes (MLX's fused one-query attention with the mask carried in the
+    // head dimension, half-type RMS norms), checked here on the CPU, where they are otherwise
+    // not taken.
+    for (op, cases) in [
+        ("GroupQueryAttention", "200"),
+        ("SkipSimplifiedLayerNormalization", "60"),
+        ("SimplifiedLayerNormalization", "60"),
+    ] {
+        step(&format!("{op} in the GPU's forms (ONNXRUNTIME_EP_MLX_TEST_GPU_FORMS=1)"));
+        util::run(
+            util::cargo()
+                .args(["run", "-q", "-p", "conformance", "--bin", "mlx-ep-conformance", "--"])
+                .args(["--op", op, "--cases", cases])
+                .env("ORT_MLX_EP_LIB", util::plugin_path("debug"))
+                .env("ONNXRUNTIME_EP_MLX_TEST_GPU_FORMS", "1"),
+        )?;
+    }
     crate::conformance::node_suite(&[
         "--check-passing".to_string(),
         util::root().join(crate::conformance::PASSING_LIST).display().to_string(),

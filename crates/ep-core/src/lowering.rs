@@ -376,8 +376,10 @@ impl<'a> LowerCtx<'a> {
 
     /// Declares that the graph being built is right only when `cond` (a boolean array) is
     /// true everywhere. The engine evaluates the condition with the outputs, in the same
-    /// evaluation; where it is false, the run's outputs are discarded and the partition runs
-    /// again through the exact shape-keyed path.
+    /// evaluation; where it is false, the run's outputs are discarded and the run is built
+    /// again another way (from the decode slot's split graph to its shapeless one, from there
+    /// to the exact shape-keyed closure, from a closure to an eager build, which reads the
+    /// data as it is).
     pub fn guard(&mut self, cond: &Array) -> Result<()> {
         self.guards.push(cond.clone());
         Ok(())

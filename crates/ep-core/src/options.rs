@@ -239,13 +239,13 @@ pub const BARE_REPLAYS: Setting = Setting {
     doc: "with `verbose` on, at the 8th replay of each compiled closure also replay it this many times on the same inputs (already in MLX memory) and report the median per run in the summary: the bare compiled graph the EP's run time is compared with",
 };
 
-pub const TEST_KEY_MASK: Setting = Setting {
+pub const TEST_GPU_FORMS: Setting = Setting {
     key: None,
-    env: "ONNXRUNTIME_EP_MLX_TEST_KEY_MASK",
+    env: "ONNXRUNTIME_EP_MLX_TEST_GPU_FORMS",
     kind: Kind::Switch,
     default: "0",
     process_wide: true,
-    doc: "take the attention forms meant for GPUs (one query token through MLX's fused kernel, the key mask carried in the head dimension) on the CPU too: for testing them where CI runs",
+    doc: "build the lowerings' GPU forms on the CPU too (fused RMS norm, one query token through MLX's fused attention kernel with the key mask carried in the head dimension, half-type quantized matmuls): for testing them where CI runs and for counting a GPU graph's primitives",
 };
 
 /// Every setting, in the README's order.
@@ -265,7 +265,7 @@ pub const ALL: &[&Setting] = &[
     &DEVICE_MEMORY,
     &GRAPH_DIR,
     &BARE_REPLAYS,
-    &TEST_KEY_MASK,
+    &TEST_GPU_FORMS,
 ];
 
 /// The prefix ORT gives provider options in a session's configuration.

@@ -67,6 +67,8 @@ pub struct SessionStats {
     pub decode_runs: AtomicU64,
     /// Decode-slot runs whose guard failed (rerun through the shape-keyed slot).
     pub decode_guard_misses: AtomicU64,
+    /// Decode-slot runs of a split partition (an eager prologue, then a fixed-shape graph).
+    pub split_runs: AtomicU64,
     /// Values computed from constants (transposes, casts, repacks), each once per session.
     pub derived_constants: AtomicU64,
     /// Derived values found in another session's cache (same weights) instead of computed.
@@ -257,6 +259,13 @@ impl SessionStats {
             Self::count(&self.decode_runs),
             Self::count(&self.decode_guard_misses)
         );
+        if Self::count(&self.split_runs) > 0 {
+            let _ = writeln!(
+                s,
+                "  decode slot split: {} runs as an eager prologue (the growing inputs' nodes) and a fixed-shape graph",
+                Self::count(&self.split_runs)
+            );
+        }
         if Self::count(&self.jit_retries) > 0 {
             let _ = writeln!(
                 s,

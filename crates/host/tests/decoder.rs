@@ -94,8 +94,12 @@ fn a_shared_kv_buffer_receives_only_the_new_rows() {
     let logits = GENERATIONS * (prompt + steps) * cfg.vocab as u64 * 4;
     assert_eq!(counter(&stderr, " (inputs read in place"), logits, "{stderr}");
     assert_eq!(counter(&stderr, "guard misses"), 0, "{stderr}");
-    // The mask grows from the first step on: every step of both generations replays the slot.
-    assert_eq!(counter(&stderr, "in the decode slot"), GENERATIONS * steps, "{stderr}");
+    // The mask grows from the first step on, and only its sum and length are read: every
+    // step of both generations runs the split decode slot (the mask's nodes eagerly, then one
+    // fixed-shape graph), none the shapeless one.
+    assert_eq!(counter(&stderr, "runs as an eager prologue"), GENERATIONS * steps, "{stderr}");
+    assert_eq!(counter(&stderr, "in the decode slot"), 0, "{stderr}");
+    assert_eq!(counter(&stderr, "traces,"), 2, "one trace for the prompt, one for every step: {stderr}");
 }
 
 /// float16 activations and caches: ORT's CPU EP computes its float16 kernels in float32 with

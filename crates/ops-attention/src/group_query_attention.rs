@@ -198,11 +198,24 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let past_k = ctx.optional_input(3).cloned();
     let past_v = ctx.optional_input(4).cloned();
     let past_len = past_k.as_ref().map_or(0, |p| p.shape()[2]);
-    let total = *ctx
-        .host_i64(6)
-        .map_err(|e| Error::new(format!("total_sequence_length: {e}")))?
-        .first()
-        .ok_or_else(|| Error::new("total_sequence_length is empty"))?;
+    let total = match ctx.host_i64(6) {
+        Ok(v) => *v.first().ok_or_else(|| Error::new("total_sequence_length is empty"))?,
+        // Inside a trace where the length is data (computed before the graph, as a split
+        // decode step's prologue does from the attention mask): a static cache is assumed
+        // (present is past's buffer, the new tokens follow a prompt), and checked on the
+        // device, `S < total <= past`; a run where it does not hold is built apart.
+        Err(_) if ctx.tracing() && past_len > g.seq && ctx.input(6)?.size() == 1 => {
+            let t = ops::reshape(&ops::astype(ctx.input(6)?, Dtype::I32, s)?, &[1], s)?;
+            let fits = ops::logical_and(
+                &ops::greater(&t, &int(g.seq, s)?, s)?,
+                &ops::less_equal(&t, &int(past_len, s)?, s)?,
+                s,
+            )?;
+            ctx.guard(&fits)?;
+            past_len
+        }
+        Err(e) => return Err(Error::new(format!("total_sequence_length: {e}"))),
+    };
     // What ORT's CPU EP requires of the lengths: a growing cache gains the new rows, a static
     // one (a buffer at least as long) holds them.
     if let (Some(pk), Some(pv)) = (&past_k, &past_v)
@@ -465,7 +478,7 @@ fn decode_step(
     // attention); elsewhere MLX's attention falls back to plain operations in the input type,
     // so the inputs are widened first.
     let wide = |a: &Array| -> Result<Array> {
-        Ok(if ep_core::mlx::default_device_is_gpu() { a.clone() } else { ops::astype(a, Dtype::F32, s)? })
+        Ok(if ep_core::mlx::gpu_forms() { a.clone() } else { ops::astype(a, Dtype::F32, s)? })
     };
     let y = ops::scaled_dot_product_attention(
         &wide(q)?,

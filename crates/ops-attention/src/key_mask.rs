@@ -75,8 +75,7 @@ pub(crate) fn attend(
 /// Whether the fused form serves `dtype` here: on a GPU (elsewhere MLX's attention is plain
 /// operations, which the padding only slows down), or where a test asks for it.
 pub(crate) fn serves(dtype: Dtype) -> bool {
-    matches!(dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16)
-        && (ep_core::mlx::default_device_is_gpu() || ep_core::options::TEST_KEY_MASK.env_on())
+    matches!(dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) && ep_core::mlx::gpu_forms()
 }
 
 #[cfg(test)]

@@ -117,7 +117,7 @@ fn rms_normalize(x: &Array, scale: &Array, axes: &[i32], eps: f64, s: &Stream) -
     let last = shape.len() as i32 - 1;
     // (Not on empty inputs or a size-1 last axis: MLX 0.32.2's CPU fallback then reduces over
     // it, which crashes; see the reductions' wrappers.)
-    let fused = ep_core::mlx::default_device_is_gpu()
+    let fused = ep_core::mlx::gpu_forms()
         && !shape.is_empty()
         && x.size() > 0
         && shape[shape.len() - 1] > 1
@@ -130,6 +130,25 @@ fn rms_normalize(x: &Array, scale: &Array, axes: &[i32], eps: f64, s: &Stream) -
         ops::multiply(&ops::multiply(&w, &inv, s)?, &f32_of(scale, s)?, s)?
     };
     Ok((y, inv))
+}
+
+/// On a GPU, the RMS norm of a half-type `x` over its last axis with a scale of its type
+/// (every half-precision LLM's norm) as MLX's fused kernel in that type: it accumulates in
+/// float32 and rounds the normalized value before the scale, within a unit in the last place
+/// of ORT's float32 computation, and it saves the two conversions on each side (on a GPU each
+/// is a kernel launch with host work on every run). `None` where that form does not apply.
+fn half_rms(x: &Array, scale: &Array, eps: f64, s: &Stream) -> Result<Option<Array>> {
+    let shape = x.shape();
+    let half = matches!(x.dtype(), Dtype::F16 | Dtype::BF16) && scale.dtype() == x.dtype();
+    let fits = shape.len() >= 2
+        && x.size() > 0
+        && shape[shape.len() - 1] > 1
+        && scale.ndim() == 1
+        && scale.shape()[0] == shape[shape.len() - 1];
+    if !(half && fits && ep_core::mlx::gpu_forms()) {
+        return Ok(None);
+    }
+    Ok(Some(ops::rms_norm(x, scale, eps as f32, s)?))
 }
 
 /// The RMS norm of input 0 over the axes from `axis` on, scaled by input 1.
@@ -172,6 +191,14 @@ ep_core::register_lowering!(
 /// ORT's SimplifiedLayerNormalization (ONNX domain, opset 1): the RMS norm, with its
 /// inverse-RMS output when asked for.
 fn lower_simplified_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let last = node.attr_int("axis", -1)? == -1 || node.attr_int("axis", -1)? == ctx.input(0)?.ndim() as i64 - 1;
+    if node.outputs.len() < 2 && last {
+        check_layer_shapes(ctx, node)?;
+        let eps = node.attr_float("epsilon", 1e-5)? as f64;
+        if let Some(y) = half_rms(ctx.input(0)?, ctx.input(1)?, eps, ctx.stream())? {
+            return Ok(vec![y]);
+        }
+    }
     let (y, inv) = rms_of_inputs(ctx, node)?;
     let mut outs = vec![ops::astype(&y, ctx.input(0)?.dtype(), ctx.stream())?];
     if node.outputs.len() > 1 {
@@ -198,12 +225,22 @@ fn lower_skip_simplified_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result
     check_skip_shapes(ctx, node)?;
     let s = ctx.stream();
     let x = ctx.input(0)?;
+    let eps = node.attr_float("epsilon", 1e-12)? as f64;
+    // Half types on a GPU: the sum in the half type (ORT's sum output, which it rounds from
+    // float32: the same but for a rare double-rounding tie) normalized by the fused kernel.
+    let wants_stats = node.output(1).is_some() || node.output(2).is_some();
+    if !wants_stats && ctx.optional_input(3).is_none() && skip_input(ctx)?.dtype() == x.dtype() {
+        let sum = ops::add(x, &skip_input(ctx)?, s)?;
+        if let Some(y) = half_rms(&sum, ctx.input(2)?, eps, s)? {
+            let unused = ops::scalar(0.0, Dtype::F32, s)?;
+            return Ok(vec![y, unused.clone(), unused, sum]);
+        }
+    }
     // The sum in float32, as ORT's kernel normalizes it (its sum output is rounded apart).
     let mut sum = ops::add(&f32_of(x, s)?, &f32_of(&skip_input(ctx)?, s)?, s)?;
     if ctx.optional_input(3).is_some() {
         sum = ops::add(&sum, &f32_param(ctx, 3)?, s)?;
     }
-    let eps = node.attr_float("epsilon", 1e-12)? as f64;
     let (y, inv) = rms_normalize(&sum, &f32_param(ctx, 2)?, &[-1], eps, s)?;
     let sum = ops::astype(&sum, x.dtype(), s)?;
     let unused_mean = ops::multiply(&inv, &ops::scalar(0.0, Dtype::F32, s)?, s)?;
@@ -295,6 +332,17 @@ fn lower_skip_layer_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<
     check_skip_shapes(ctx, node)?;
     let s = ctx.stream();
     let x = ctx.input(0)?;
+    let eps = node.attr_float("epsilon", 1e-12)? as f64;
+    // Half types on a GPU: the sum in the half type (ORT's sum output, which it rounds from
+    // float32: the same but for a rare double-rounding tie) normalized by the fused kernel.
+    let wants_stats = node.output(1).is_some() || node.output(2).is_some();
+    if !wants_stats && ctx.optional_input(3).is_none() && skip_input(ctx)?.dtype() == x.dtype() {
+        let sum = ops::add(x, &skip_input(ctx)?, s)?;
+        if let Some(y) = half_rms(&sum, ctx.input(2)?, eps, s)? {
+            let unused = ops::scalar(0.0, Dtype::F32, s)?;
+            return Ok(vec![y, unused.clone(), unused, sum]);
+        }
+    }
     // The sum in float32, as ORT's kernel normalizes it (its sum output is rounded apart).
     let mut sum = ops::add(&f32_of(x, s)?, &f32_of(&skip_input(ctx)?, s)?, s)?;
     if ctx.optional_input(4).is_some() {

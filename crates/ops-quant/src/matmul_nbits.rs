@@ -190,7 +190,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     if shape.last() != Some(&p.k) {
         bail!("A has shape {shape:?}; its last dimension must be K={}", p.k);
     }
-    let gpu = ep_core::mlx::default_device_is_gpu();
+    let gpu = ep_core::mlx::gpu_forms();
     let affine = MLX_GROUP_SIZES.contains(&p.block);
     // Half types compute in float32 (as ORT's CPU kernel does), except on a GPU where the
     // affine bias `-scale * zero_point` is exact in the half type (always so for the default

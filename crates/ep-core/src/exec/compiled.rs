@@ -2,7 +2,7 @@
 //! key, or shapeless), kept in a bounded cache, and applied with everything it returns
 //! evaluated at once.
 
-use super::translate::{Flags, TraceMode, Translation, Verdict};
+use super::translate::{Flags, Part, Split, TraceMode, Translation, Verdict};
 use super::write_back::PendingRows;
 use super::{COMPILED_CACHE_CAPACITY, Mode, Plan, RunOutputs};
 use crate::mlx::{Array, Closure, Dtype, MlxError, Stream, VectorArray, ops};
@@ -132,12 +132,24 @@ impl Traced {
         stats: &Arc<SessionStats>,
         mode: TraceMode,
     ) -> Result<Traced> {
+        Self::compile_part(translation, stats, mode, None)
+    }
+
+    /// [`Self::compile`] of the graph part of a split partition (`split`): the closure takes
+    /// the runtime inputs, then the boundary values.
+    pub(super) fn compile_part(
+        translation: &Arc<Translation>,
+        stats: &Arc<SessionStats>,
+        mode: TraceMode,
+        split: Option<Arc<Split>>,
+    ) -> Result<Traced> {
         let meta: Arc<Mutex<Option<Arc<TraceMeta>>>> = Arc::default();
         let (t, st, m) = (Arc::clone(translation), Arc::clone(stats), Arc::clone(&meta));
         let traced = Closure::new(move |args: &[Array]| {
             st.traces.fetch_add(1, Ordering::Relaxed);
             let stream = Stream::default_device()?;
-            let built = t.build(args.to_vec(), &stream, mode).map_err(|e| MlxError(e.0))?;
+            let part = split.as_deref().map_or(Part::Whole, Part::Main);
+            let built = t.build_part(args.to_vec(), &stream, mode, part).map_err(|e| MlxError(e.0))?;
             let (row_groups, packed) = pack_rows(&built.rows_at, &stream).map_err(|e| MlxError(e.0))?;
             *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(TraceMeta {
                 rows_at: built.rows_at.iter().map(|p| (p.input, p.axis, p.output.clone())).collect(),
@@ -222,22 +234,36 @@ impl Plan {
         Ok(())
     }
 
+    /// Runs a compiled closure for `inputs`. A shape-keyed partition has one per input-shape
+    /// key. A shapeless one compiles its first shape exactly, and a shapeless closure only
+    /// once a second shape of the same ranks comes: inside a shapeless trace MLX adds a
+    /// broadcast of every operand of every binary operation (two primitives more per
+    /// operation, each with host work on every run), which a model run at one shape never
+    /// needs.
     pub(super) fn run_compiled(&self, inputs: &[Array], mode: &Mode) -> Result<Applied> {
-        let shapeless = *mode == Mode::Shapeless;
-        // A shapeless trace bakes in which dims broadcast (size 1): its key keeps, per dim,
-        // whether it is 1, so `[n, 1] * [1, m]` and `[n, m] * [n, m]` get their own traces while
-        // a growing sequence length (2, 3, 4, ...) replays one.
-        let key: Vec<(Dtype, Vec<i64>)> = inputs
-            .iter()
-            .map(|a| {
-                let shape = a.shape();
-                (
-                    a.dtype(),
-                    if shapeless { shape.iter().map(|&d| if d == 1 { 1 } else { -1 }).collect() } else { shape },
-                )
-            })
-            .collect();
-        let mode = if shapeless { TraceMode::Shapeless } else { TraceMode::Keyed };
+        let exact = super::exact_key(inputs);
+        let (key, mode) = if *mode == Mode::Shapeless {
+            // A shapeless trace bakes in which dims broadcast (size 1): its key keeps, per
+            // dim, whether it is 1, so `[n, 1] * [1, m]` and `[n, m] * [n, m]` get their own
+            // traces while a growing sequence length (2, 3, 4, ...) replays one. (A loose key
+            // equals an exact one only when every dim is 1: the same shapes.)
+            let loose: InputKey = exact
+                .iter()
+                .map(|(d, shape)| (*d, shape.iter().map(|&n| if n == 1 { 1 } else { -1 }).collect()))
+                .collect();
+            let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            if cache.contains(&exact) {
+                (exact, TraceMode::Keyed)
+            } else if cache.contains(&loose)
+                || !self.exact_first.lock().unwrap_or_else(|p| p.into_inner()).insert(loose.clone())
+            {
+                (loose, TraceMode::Shapeless)
+            } else {
+                (exact, TraceMode::Keyed)
+            }
+        } else {
+            (exact, TraceMode::Keyed)
+        };
         let traced = self
             .cache
             .lock()

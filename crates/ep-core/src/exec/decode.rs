@@ -3,12 +3,12 @@
 //! outputs grow, and one shapeless trace replayed across them.
 
 use super::compiled::{Applied, CompiledCache, InputKey, Traced};
-use super::translate::TraceMode;
-use super::translate::Translation;
+use super::translate::{Part, Split, TraceMode, Translation};
 use super::{Plan, Source};
 use crate::Result;
 use crate::mlx::{Array, Dtype};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 /// The decode slot of a shape-keyed partition: which input dimensions grow from run to run
@@ -24,7 +24,16 @@ pub(super) struct DecodeState {
     /// Why the slot is off for this partition.
     pub(super) refused: Option<String>,
     pub(super) cache: CompiledCache,
+    /// The split for the growing set checked (see [`Plan::run_split`]), or why there is none.
+    pub(super) split: Option<std::result::Result<Arc<Split>, String>>,
+    /// The boundary's shapes at the split's first run: a later change ends the split.
+    pub(super) boundary_shapes: Option<Vec<Vec<i64>>>,
+    pub(super) split_cache: CompiledCache,
 }
+
+/// The most elements a boundary value may hold (the values the prologue hands the graph are
+/// lengths and sizes, not activations).
+const BOUNDARY_ELEMENTS: usize = 64;
 
 impl Translation {
     /// Whether the decode slot may replay one shapeless trace of this partition while the
@@ -82,7 +91,137 @@ impl Translation {
     }
 }
 
+impl Translation {
+    /// The split of this partition for the inputs growing in `growing`: every node reading a
+    /// growing input, or a value such a node computed, is in the prologue; a prologue node
+    /// must read nothing else the graph computes. Refused when no node reads them.
+    pub(super) fn split_for(&self, growing: &[Vec<bool>]) -> std::result::Result<Split, String> {
+        let grows: Vec<bool> =
+            (0..self.inputs.len()).map(|i| growing.get(i).is_some_and(|g| g.iter().any(|x| *x))).collect();
+        let mut prologue = vec![false; self.nodes.len()];
+        let mut from_prologue = vec![false; self.num_values];
+        for (n, node) in self.nodes.iter().enumerate() {
+            let sources = || node.inputs.iter().chain(node.implicit.iter().map(|(_, s)| s));
+            let direct = sources().any(|s| matches!(*s, Source::Input(i) if grows[i]));
+            let derived = sources().any(|s| matches!(*s, Source::Value(v) if from_prologue[v]));
+            // Any other runtime data: an input that does not grow, a value of the graph.
+            let other = sources().any(|s| match *s {
+                Source::Input(i) => !grows[i],
+                Source::Value(v) => !from_prologue[v],
+                _ => false,
+            });
+            // A node reading growing inputs belongs to the prologue; one reading only what
+            // the prologue computed (and constants) joins it; any other reads its values
+            // from the boundary.
+            if direct && other {
+                return Err(format!(
+                    "node '{}' ({}) reads a growing input and other runtime values",
+                    node.info.name,
+                    node.info.qualified_op()
+                ));
+            }
+            if !(direct || derived && !other) {
+                continue;
+            }
+            prologue[n] = true;
+            for &slot in node.outputs.iter().flatten() {
+                from_prologue[slot] = true;
+            }
+        }
+        let held = prologue.iter().filter(|p| **p).count();
+        if held == 0 {
+            return Err("no node reads the growing inputs".into());
+        }
+        // The prologue is built eagerly on every run: it pays only when it is a small part.
+        if held * 4 > self.nodes.len() {
+            return Err(format!("{held} of {} nodes read the growing inputs", self.nodes.len()));
+        }
+        let mut boundary: Vec<usize> = Vec::new();
+        let rest = self.nodes.iter().enumerate().filter(|(n, _)| !prologue[*n]);
+        let read = rest.flat_map(|(_, node)| node.inputs.iter().chain(node.implicit.iter().map(|(_, s)| s)).copied());
+        for src in read.chain(self.outputs.iter().map(|o| o.source)) {
+            if let Source::Value(v) = src
+                && from_prologue[v]
+                && !boundary.contains(&v)
+            {
+                boundary.push(v);
+            }
+        }
+        // A growing input the rest of the graph reads keeps the graph's shapes growing.
+        for node in self.nodes.iter().enumerate().filter(|(n, _)| !prologue[*n]).map(|(_, node)| node) {
+            if let Some(Source::Input(i)) = node.inputs.iter().find(|s| matches!(**s, Source::Input(i) if grows[i])) {
+                return Err(format!("node '{}' reads growing input {i}", node.info.name));
+            }
+        }
+        Ok(Split { prologue, boundary, growing: grows })
+    }
+}
+
 impl Plan {
+    /// The decode slot cut in two, for a partition whose growing inputs feed only a few
+    /// small values (a genai decoder with its KV cache in one fixed buffer: only the
+    /// attention mask grows, and only its sum and its length are read). The prologue runs
+    /// eagerly; the rest is one graph of fixed shapes, traced and compiled per shape like
+    /// any shape-keyed graph, so it replays without the broadcasts MLX adds to every
+    /// operand inside a shapeless trace (on a GPU each costs host work on every run).
+    /// `None` when the split does not apply (the shapeless decode slot runs instead).
+    pub(super) fn run_split(&self, inputs: &[Array]) -> Option<Result<Applied>> {
+        let split = {
+            let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
+            let growing = st.checked.clone()?;
+            let split = st.split.get_or_insert_with(|| {
+                let split = self.translation.split_for(&growing);
+                if let Err(why) = &split {
+                    let name = &self.translation.name;
+                    self.stats.record_fallback(format!("partition {name}: no split decode slot: {why}"));
+                }
+                split.map(Arc::new)
+            });
+            Arc::clone(split.as_ref().ok()?)
+        };
+        Some(self.run_split_with(&split, inputs))
+    }
+
+    fn run_split_with(&self, split: &Arc<Split>, inputs: &[Array]) -> Result<Applied> {
+        let boundary = self
+            .translation
+            .build_part(inputs.to_vec(), &self.stream, TraceMode::Eager, Part::Prologue(split))?
+            .outputs;
+        let shapes: Vec<Vec<i64>> = boundary.iter().map(Array::shape).collect();
+        if let Some(b) = boundary.iter().find(|b| b.size() > BOUNDARY_ELEMENTS) {
+            return Err(crate::Error::new(format!("a boundary value holds {} elements", b.size())));
+        }
+        {
+            let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
+            if *st.boundary_shapes.get_or_insert_with(|| shapes.clone()) != shapes {
+                return Err(crate::Error::new("the boundary values changed shape"));
+            }
+        }
+        // The growing inputs only the prologue reads: a one-element placeholder of their dtype.
+        let mut args = Vec::with_capacity(inputs.len() + boundary.len());
+        for (a, &grows) in inputs.iter().zip(&split.growing) {
+            args.push(if grows { crate::mlx::ops::scalar(0.0, a.dtype(), &self.stream)? } else { a.clone() });
+        }
+        args.extend(boundary);
+        let key = super::exact_key(&args);
+        let traced = self.decode.lock().unwrap_or_else(|p| p.into_inner()).split_cache.get_or_compile(key, || {
+            Traced::compile_part(&self.translation, &self.stats, TraceMode::Keyed, Some(Arc::clone(split)))
+        })?;
+        let run = self.apply(&traced, &args)?;
+        if matches!(run, Applied::Ran(_)) {
+            self.stats.split_runs.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(run)
+    }
+
+    /// Ends the split for this partition (the shapeless decode slot takes its runs).
+    pub(super) fn refuse_split(&self, reason: String) {
+        self.stats.record_fallback(format!("partition {}: no split decode slot: {reason}", self.translation.name));
+        let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
+        st.split = Some(Err(reason));
+        st.split_cache.clear();
+    }
+
     /// Records this run's input shapes and returns the decode slot's key when the slot
     /// applies: some dimensions grow, the partition handles them shape-agnostically, and the
     /// slot was not refused. The key keeps every other dimension exact.

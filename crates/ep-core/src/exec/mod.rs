@@ -98,6 +98,9 @@ pub struct Plan {
     stats: Arc<SessionStats>,
     mode: Mutex<Mode>,
     cache: Mutex<CompiledCache>,
+    /// For a shapeless partition, the shapeless keys whose first shape was compiled exactly
+    /// (see [`Plan::run_compiled`]).
+    exact_first: Mutex<std::collections::HashSet<compiled::InputKey>>,
     decode: Mutex<DecodeState>,
 }
 
@@ -205,6 +208,7 @@ impl Plan {
             stats,
             mode: Mutex::new(mode),
             cache: Mutex::new(CompiledCache::default()),
+            exact_first: Mutex::default(),
             decode: Mutex::new(DecodeState::default()),
         })
     }
@@ -268,6 +272,16 @@ impl Plan {
             && let Some(key) = self.decode_key(&inputs)
             && !self.cache.lock().unwrap_or_else(|p| p.into_inner()).contains(&exact_key(&inputs))
         {
+            match jit_retry(&self.stats, || self.run_split(&inputs).transpose()) {
+                Ok(None) => {}
+                Ok(Some(Applied::Ran(run))) => return Ok(run),
+                Ok(Some(Applied::Invalid(e))) => return Err(e),
+                // A guard of the fixed-shape graph failed: the shapeless slot takes this run.
+                Ok(Some(Applied::GuardMiss)) => {
+                    self.stats.decode_guard_misses.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => self.refuse_split(format!("{e}")),
+            }
             match jit_retry(&self.stats, || self.run_decode(&inputs, key.clone())) {
                 Ok(Applied::Ran(run)) => return Ok(run),
                 Ok(Applied::Invalid(e)) => return Err(e),
@@ -282,8 +296,10 @@ impl Plan {
             match jit_retry(&self.stats, || self.run_compiled(&inputs, &mode)) {
                 Ok(Applied::Ran(run)) => return Ok(run),
                 Ok(Applied::Invalid(e)) => return Err(e),
+                // A lowering's assumption about data (a guard) failed: this run is built
+                // eagerly, where the data is read as it is.
                 Ok(Applied::GuardMiss) => {
-                    return Err(Error::new(format!("partition {}: a guard failed outside the decode slot", t.name)));
+                    self.stats.decode_guard_misses.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => {
                     let reason = format!("compiled run failed ({e}); running eagerly from now on");

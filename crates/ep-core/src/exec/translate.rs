@@ -24,6 +24,30 @@ pub(super) enum TraceMode {
     Shapeless,
 }
 
+/// A partition cut in two for its decode steps (see `Plan::run_split`): the nodes that read
+/// growing inputs, directly or through each other (the prologue, built eagerly before the
+/// graph: an attention mask's sum and shape), and the values they hand the rest (the
+/// boundary, a few elements of fixed shape), which the rest's graph takes as trailing inputs.
+pub(super) struct Split {
+    /// Per node, whether it is in the prologue.
+    pub(super) prologue: Vec<bool>,
+    /// The value slots the rest of the graph (or the partition's outputs) read from it.
+    pub(super) boundary: Vec<usize>,
+    /// Per runtime input, whether only the prologue reads it (the graph gets a placeholder).
+    pub(super) growing: Vec<bool>,
+}
+
+/// Which nodes a build lowers.
+#[derive(Clone, Copy)]
+pub(super) enum Part<'a> {
+    /// Every node: the partition's graph.
+    Whole,
+    /// The prologue's nodes only; the build's outputs are the boundary values.
+    Prologue(&'a Split),
+    /// Every other node; the inputs end with the boundary values.
+    Main(&'a Split),
+}
+
 /// The part of a plan a compiled closure captures: everything needed to build the graph.
 pub(super) struct Translation {
     pub(super) name: String,
@@ -45,12 +69,35 @@ impl Translation {
     /// output cast to ORT's dtype, plus the in-place input updates the
     /// lowerings asked for, built under `mode` (eagerly or inside a trace).
     pub(super) fn build(&self, inputs: Vec<Array>, stream: &Stream, mode: TraceMode) -> Result<Built> {
+        self.build_part(inputs, stream, mode, Part::Whole)
+    }
+
+    /// [`Self::build`] of one part of a split partition.
+    pub(super) fn build_part(
+        &self,
+        mut inputs: Vec<Array>,
+        stream: &Stream,
+        mode: TraceMode,
+        part: Part<'_>,
+    ) -> Result<Built> {
         let (tracing, shapeless) = (mode != TraceMode::Eager, mode == TraceMode::Shapeless);
         let mut write_backs = Vec::new();
         let mut rows_at = Vec::new();
         let mut guards: Vec<Array> = Vec::new();
         let mut checks: Vec<Check> = Vec::new();
         let mut values: Vec<Option<Array>> = vec![None; self.num_values];
+        if let Part::Main(split) = part {
+            let at =
+                inputs.len().checked_sub(split.boundary.len()).ok_or_else(|| Error::new("boundary values missing"))?;
+            for (&slot, a) in split.boundary.iter().zip(inputs.split_off(at)) {
+                values[slot] = Some(a);
+            }
+        }
+        let lowered = |n: usize| match part {
+            Part::Whole => true,
+            Part::Prologue(split) => split.prologue[n],
+            Part::Main(split) => !split.prologue[n],
+        };
         let memo = crate::lowering::SharedValues::default();
         let resolve = |values: &[Option<Array>], src: Source| -> Option<Array> {
             match src {
@@ -65,7 +112,10 @@ impl Translation {
                 Source::Absent => None,
             }
         };
-        for node in &self.nodes {
+        for (n, node) in self.nodes.iter().enumerate() {
+            if !lowered(n) {
+                continue;
+            }
             let info = &node.info;
             let args: Vec<Option<Array>> = node.inputs.iter().map(|&src| resolve(&values, src)).collect();
             let constant_ids = node.inputs.iter().map(|src| self.constant_identity(*src)).collect();
@@ -122,6 +172,32 @@ impl Translation {
                     values[*slot] = Some(array);
                 }
             }
+        }
+        if let Part::Prologue(split) = part {
+            if !(write_backs.is_empty() && rows_at.is_empty()) {
+                return Err(Error::new("a node of the prologue updates an input in place"));
+            }
+            // Its guards and data checks are read here (a few elements): where one fails,
+            // the split graph does not serve this run.
+            let conds =
+                guards.iter().map(|g| (g, "a guard")).chain(checks.iter().map(|c| (&c.cond, c.reason.as_str())));
+            for (cond, what) in conds {
+                let all = mlx::ops::all_axes(
+                    &mlx::ops::astype(cond, Dtype::Bool, stream)?,
+                    &(0..cond.ndim() as i32).collect::<Vec<_>>(),
+                    false,
+                    stream,
+                )?;
+                if !all.to_vec::<bool>(stream)?.first().copied().unwrap_or(false) {
+                    return Err(Error::new(format!("the prologue's {what} failed")));
+                }
+            }
+            let boundary = split
+                .boundary
+                .iter()
+                .map(|&v| values[v].clone().ok_or_else(|| Error::new("a boundary value was not produced")));
+            let outputs = boundary.collect::<Result<Vec<_>>>()?;
+            return Ok(Built { outputs, write_backs, rows_at, flags: None, meta: Flags::default() });
         }
         let mut results = Vec::with_capacity(self.outputs.len());
         for out in &self.outputs {

@@ -43,6 +43,14 @@ pub fn default_device_is_gpu() -> bool {
     }
 }
 
+/// Whether lowerings build their GPU forms: on a GPU, or on the CPU where
+/// `ONNXRUNTIME_EP_MLX_TEST_GPU_FORMS` asks for them (tests, and counting a GPU graph's
+/// primitives where no GPU is at hand). The forms compute the same results on either backend.
+pub fn gpu_forms() -> bool {
+    static TEST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    default_device_is_gpu() || *TEST.get_or_init(|| crate::options::TEST_GPU_FORMS.env_on())
+}
+
 fn read_default_device_is_gpu() -> bool {
     init();
     // SAFETY: out-handles are created by mlx-c and freed on every path.

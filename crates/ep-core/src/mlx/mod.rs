@@ -22,7 +22,7 @@ mod tests;
 
 pub use array::{Array, VectorArray};
 pub use closure::Closure;
-pub use device::default_device_is_gpu;
+pub use device::{default_device_is_gpu, gpu_forms};
 pub use dtype::Dtype;
 pub use stream::Stream;
 

@@ -203,3 +203,34 @@ fn updates_of_constants_are_plain_outputs() {
     let got = run.outputs[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap();
     assert_eq!(got, vec![0.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
 }
+
+/// `m [1, T]` (growing, an attention mask) -> ReduceSum -> `s`; `x [1, 4]` multiplied by `s`
+/// and then by itself three times: the decode slot splits off the sum as an eager prologue
+/// and replays one fixed-shape graph for the rest, whatever `T`.
+#[test]
+fn a_small_growing_input_is_split_off_and_the_rest_replays_one_fixed_shape_graph() {
+    let _g = mlx::lock();
+    let registry = Registry::build(&[&REDUCE_SUM, &MUL]).unwrap();
+    let stats = Arc::new(SessionStats::default());
+    let mut sum = node("ReduceSum", ["m", "m"], "s");
+    sum.inputs.truncate(1);
+    let mut nodes = vec![sum];
+    for (k, (a, out)) in [("x", "a"), ("a", "b"), ("b", "c"), ("c", "y")].into_iter().enumerate() {
+        let mut n = node("Mul", [a, if k == 0 { "s" } else { "x" }], out);
+        n.name = format!("mul{k}");
+        nodes.push(n);
+    }
+    let plan = make_plan(&registry, nodes, &["x", "m"], &["y"], vec![], &stats, true).unwrap();
+    let x = [1.0f32, 2.0, -1.0, 0.5];
+    for t in 2..8 {
+        let m: Vec<f32> = (0..t).map(|i| (i % 3) as f32).collect();
+        let inputs = vec![Array::from_slice(&x, &[1, 4]).unwrap(), Array::from_slice(&m, &[1, t]).unwrap()];
+        let y = plan.run(inputs).unwrap().outputs[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap();
+        let s: f32 = m.iter().sum();
+        assert_eq!(y, x.iter().map(|v| v * s * v * v * v).collect::<Vec<_>>(), "length {t}");
+    }
+    // Run 1 traces the exact shapes; run 2 (growth seen) the split graph, which runs 3..6 replay.
+    assert_eq!(count(&stats.traces), 2, "{}", stats.summary());
+    assert_eq!((count(&stats.split_runs), count(&stats.decode_runs)), (5, 0));
+    assert!(stats.summary().contains("decode slot split: 5 runs"), "{}", stats.summary());
+}
