@@ -120,6 +120,8 @@ pub(super) struct Traced {
     pub(super) meta: Arc<Mutex<Option<Arc<TraceMeta>>>>,
     /// Replays so far (for the bare-replay measurement at the 8th).
     replays: Arc<std::sync::atomic::AtomicUsize>,
+    /// Whether a decode step replays it (see [`crate::mlx::device::Fusion`]).
+    decode: bool,
 }
 
 /// The replay at which a closure's bare replays are timed (past warm-up).
@@ -132,16 +134,17 @@ impl Traced {
         stats: &Arc<SessionStats>,
         mode: TraceMode,
     ) -> Result<Traced> {
-        Self::compile_part(translation, stats, mode, None)
+        Self::compile_part(translation, stats, mode, None, false)
     }
 
-    /// [`Self::compile`] of the graph part of a split partition (`split`): the closure takes
-    /// the runtime inputs, then the boundary values.
+    /// [`Self::compile`] of the graph part of a split partition (`split`: the closure takes
+    /// the runtime inputs, then the boundary values), for a decode step's graph or not.
     pub(super) fn compile_part(
         translation: &Arc<Translation>,
         stats: &Arc<SessionStats>,
         mode: TraceMode,
         split: Option<Arc<Split>>,
+        decode: bool,
     ) -> Result<Traced> {
         let meta: Arc<Mutex<Option<Arc<TraceMeta>>>> = Arc::default();
         let (t, st, m) = (Arc::clone(translation), Arc::clone(stats), Arc::clone(&meta));
@@ -180,7 +183,7 @@ impl Traced {
             traced.compile(mode == TraceMode::Shapeless)?
         };
         stats.compiles.fetch_add(1, Ordering::Relaxed);
-        Ok(Traced { closure: Arc::new(compiled), meta, replays: Arc::default() })
+        Ok(Traced { closure: Arc::new(compiled), meta, replays: Arc::default(), decode })
     }
 }
 
@@ -277,7 +280,18 @@ impl Plan {
     pub(super) fn apply(&self, traced: &Traced, inputs: &[Array]) -> Result<Applied> {
         let fresh = traced.meta.lock().unwrap_or_else(|p| p.into_inner()).is_none();
         let started = Instant::now();
-        let mut outputs = traced.closure.apply(inputs).map_err(Error::from)?;
+        let mut outputs = if fresh {
+            use crate::mlx::device::{Fusion, fusion, traced_with_fusion};
+            let fused = match fusion() {
+                Fusion::All => true,
+                Fusion::Off => false,
+                Fusion::DecodeSteps => traced.decode,
+            };
+            traced_with_fusion(fused, || traced.closure.apply(inputs))?
+        } else {
+            traced.closure.apply(inputs)
+        }
+        .map_err(Error::from)?;
         if fresh {
             self.stats.add_time(Phase::Translate, started.elapsed());
             if self.stats.verbose {

@@ -205,7 +205,7 @@ impl Plan {
         args.extend(boundary);
         let key = super::exact_key(&args);
         let traced = self.decode.lock().unwrap_or_else(|p| p.into_inner()).split_cache.get_or_compile(key, || {
-            Traced::compile_part(&self.translation, &self.stats, TraceMode::Keyed, Some(Arc::clone(split)))
+            Traced::compile_part(&self.translation, &self.stats, TraceMode::Keyed, Some(Arc::clone(split)), true)
         })?;
         let run = self.apply(&traced, &args)?;
         if matches!(run, Applied::Ran(_)) {
@@ -286,12 +286,9 @@ impl Plan {
 
     /// Runs the decode slot's shapeless closure for `key`.
     pub(super) fn run_decode(&self, inputs: &[Array], key: InputKey) -> Result<Applied> {
-        let traced = self
-            .decode
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .cache
-            .get_or_compile(key, || Traced::compile(&self.translation, &self.stats, TraceMode::Shapeless))?;
+        let traced = self.decode.lock().unwrap_or_else(|p| p.into_inner()).cache.get_or_compile(key, || {
+            Traced::compile_part(&self.translation, &self.stats, TraceMode::Shapeless, None, true)
+        })?;
         let run = self.apply(&traced, inputs)?;
         self.stats.decode_runs.fetch_add(1, Ordering::Relaxed);
         Ok(run)
