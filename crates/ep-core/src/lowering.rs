@@ -429,6 +429,23 @@ impl<'a> LowerCtx<'a> {
         a.to_vec::<f64>(self.cpu).map_err(|e| Error::new(format!("input {i} cannot be read on the host ({e})")))
     }
 
+    /// The one value of input `i` on the host (a quantization scale or zero point: a scalar
+    /// or a vector of one element, as ORT's CPU EP requires), read as [`Self::host_f64`]
+    /// does; `None` when the optional input is absent. `what` names it in the error.
+    pub fn host_one_f32(&self, i: usize, what: &str) -> Result<Option<f32>> {
+        if self.optional_input(i).is_none() {
+            return Ok(None);
+        }
+        let v = self.host_f64(i)?;
+        let shape = self.input(i)?.shape();
+        if v.len() != 1 || shape.len() > 1 {
+            return Err(Error::new(format!(
+                "{what} (input {i}) of shape {shape:?} must be a scalar or a vector of one element"
+            )));
+        }
+        Ok(Some(v[0] as f32))
+    }
+
     /// Whether the lowering is running inside a compiled trace.
     pub fn tracing(&self) -> bool {
         self.tracing

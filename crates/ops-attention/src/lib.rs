@@ -8,6 +8,7 @@
 //! (`conformance_spec::register_spec!`, behind the `conformance` feature).
 #![forbid(unsafe_code)]
 
+mod additive;
 mod attention;
 mod group_query_attention;
 mod heads;

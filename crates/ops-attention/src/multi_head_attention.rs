@@ -25,6 +25,7 @@
 //! mismatched key set; its results even differ from session to session), and any type but
 //! float32 and float16.
 
+use crate::additive::{Causal, Scores, additive_term, check_bias};
 use crate::heads;
 use ep_core::lowering::{FnLowering, input_rank, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -157,40 +158,17 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let total = past_len + kv_len;
 
     // The additive term, as ORT builds it: the attention bias plus the padding mask
-    // (mask_filter_value where a key is masked), then the causal frontier at the lowest float.
-    let mut add: Option<Array> = ctx.optional_input(5).map(f32).transpose()?;
-    // As ORT's CPU EP: the bias is [B or 1, heads or 1, S, T] (its last two axes do not
-    // broadcast).
-    if let Some(b) = &add {
-        let bs = b.shape();
-        let fits = |d: i64, n: i64| d == n || d == 1;
-        if bs.len() != 4 || !fits(bs[0], batch) || !fits(bs[1], heads) || bs[2] != q_len || bs[3] != total {
-            bail!("attention_bias {bs:?} must be [{batch} or 1, {heads} or 1, {q_len}, {total}]");
-        }
+    // (mask_filter_value where a key is masked), then the causal frontier at the lowest float
+    // (the CPU kernel leaves the last query row unmasked).
+    let scores_at = Scores { batch, heads, q_len, total, past: past_len };
+    let bias = ctx.optional_input(5).map(f32).transpose()?;
+    if let Some(b) = &bias {
+        check_bias(b, &scores_at)?;
     }
-    if let Some(mask) = ctx.optional_input(4) {
-        let keep = keep_keys(mask, batch, q_len, total, s)?;
-        let filter = node.attr_float("mask_filter_value", -10000.0)? as f64;
-        let m = ops::where_(&keep, &ops::scalar(0.0, Dtype::F32, s)?, &ops::scalar(filter, Dtype::F32, s)?, s)?;
-        add = Some(match add {
-            Some(b) => ops::add(&b, &m, s)?,
-            None => m,
-        });
-    }
-    if node.attr_int("unidirectional", 0)? == 1 && q_len > 1 {
-        // Query i sees keys j <= past + i; the CPU kernel leaves the last row unmasked.
-        let i = ops::reshape(&ops::arange(0.0, q_len as f64, 1.0, Dtype::I32, s)?, &[q_len, 1], s)?;
-        let j = ops::reshape(&ops::arange(0.0, total as f64, 1.0, Dtype::I32, s)?, &[1, total], s)?;
-        let frontier = ops::add(&i, &ops::scalar(past_len as f64, Dtype::I32, s)?, s)?;
-        let last = ops::equal(&i, &ops::scalar((q_len - 1) as f64, Dtype::I32, s)?, s)?;
-        let allowed = ops::logical_or(&ops::less_equal(&j, &frontier, s)?, &last, s)?;
-        let lowest = ops::scalar(f32::MIN as f64, Dtype::F32, s)?;
-        let base = match add.take() {
-            Some(a) => a,
-            None => ops::scalar(0.0, Dtype::F32, s)?,
-        };
-        add = Some(ops::where_(&allowed, &base, &lowest, s)?);
-    }
+    let keep = ctx.optional_input(4).map(|mask| keep_keys(mask, batch, q_len, total, s)).transpose()?;
+    let filter = node.attr_float("mask_filter_value", -10000.0)? as f64;
+    let causal = (node.attr_int("unidirectional", 0)? == 1).then_some(Causal { last_row_open: true });
+    let add = additive_term(bias, keep.as_ref(), filter, causal, &scores_at, s)?;
 
     let scale = match node.attr_float("scale", 0.0)? {
         x if x != 0.0 => x,

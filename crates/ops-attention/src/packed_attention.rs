@@ -16,6 +16,7 @@
 //! the projection's integer product scaled by `input_scale * weight_scale` (one value, or one
 //! per projected column for the weight's scale and zero point), no attention bias.
 
+use crate::additive::{Causal, Scores, additive_term, check_bias};
 use crate::heads;
 use ep_core::lowering::{FnLowering, input_rank, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -140,43 +141,31 @@ fn attend(ctx: &mut LowerCtx<'_>, node: &NodeInfo, projected: Array, at: Inputs)
     let total = past_len + q_len;
     // The additive term: the attention bias, the padding mask's filter value, the causal
     // frontier at the lowest float.
-    let mut add: Option<Array> = at.bias.and_then(|i| ctx.optional_input(i)).cloned();
-    if let Some(b) = &add {
-        let bs = b.shape();
-        let fits = |dim: i64, n: i64| dim == n || dim == 1;
-        if bs.len() != 4 || !fits(bs[0], batch) || !fits(bs[1], heads) || bs[2] != q_len || bs[3] != total {
-            bail!("attention_bias {bs:?} must be [{batch} or 1, {heads} or 1, {q_len}, {total}]");
-        }
+    let scores_at = Scores { batch, heads, q_len, total, past: past_len };
+    let bias: Option<Array> = at.bias.and_then(|i| ctx.optional_input(i)).cloned();
+    if let Some(b) = &bias {
+        check_bias(b, &scores_at)?;
     }
     // A 2-D mask of one column ([1, 1] or [B, 1]) is ORT's dummy mask: no mask at all.
     let dummy = |m: &Array| m.ndim() == 2 && m.shape()[1] == 1 && (m.shape()[0] == 1 || m.shape()[0] == batch);
-    if let Some(mask) = ctx.optional_input(at.mask).filter(|m| !dummy(m)).cloned() {
-        if mask.ndim() == 1 {
-            // Key lengths (end positions) must not be negative, as ORT's kernel checks.
-            let ends = ops::slice(&mask, &[0], &[batch.min(mask.size() as i64)], s)?;
-            ctx.check(
-                &ops::greater_equal(&ends, &ops::scalar(0.0, Dtype::I32, s)?, s)?,
-                "a mask_index end position is negative",
-            )?;
+    let keep = match ctx.optional_input(at.mask).filter(|m| !dummy(m)).cloned() {
+        Some(mask) => {
+            if mask.ndim() == 1 {
+                // Key lengths (end positions) must not be negative, as ORT's kernel checks.
+                let ends = ops::slice(&mask, &[0], &[batch.min(mask.size() as i64)], s)?;
+                ctx.check(
+                    &ops::greater_equal(&ends, &ops::scalar(0.0, Dtype::I32, s)?, s)?,
+                    "a mask_index end position is negative",
+                )?;
+            }
+            Some(keep_keys(&mask, batch, q_len, total, s)?)
         }
-        let keep = keep_keys(&mask, batch, q_len, total, s)?;
-        let filter = f64::from(node.attr_float("mask_filter_value", -10000.0)?);
-        let m = ops::where_(&keep, &ops::scalar(0.0, Dtype::F32, s)?, &ops::scalar(filter, Dtype::F32, s)?, s)?;
-        add = Some(match add {
-            Some(b) => ops::add(&b, &m, s)?,
-            None => m,
-        });
-    }
+        None => None,
+    };
+    let filter = f64::from(node.attr_float("mask_filter_value", -10000.0)?);
     // (Only 1 is causal, as ORT reads the attribute.)
-    if node.attr_int("unidirectional", 0)? == 1 && q_len > 1 {
-        let i = ops::reshape(&ops::arange(0.0, q_len as f64, 1.0, Dtype::I32, s)?, &[q_len, 1], s)?;
-        let j = ops::reshape(&ops::arange(0.0, total as f64, 1.0, Dtype::I32, s)?, &[1, total], s)?;
-        let frontier = ops::add(&i, &ops::scalar(past_len as f64, Dtype::I32, s)?, s)?;
-        let allowed = ops::less_equal(&j, &frontier, s)?;
-        let lowest = ops::scalar(f64::from(f32::MIN), Dtype::F32, s)?;
-        let base = add.take().map_or_else(|| ops::scalar(0.0, Dtype::F32, s), Ok)?;
-        add = Some(ops::where_(&allowed, &base, &lowest, s)?);
-    }
+    let causal = (node.attr_int("unidirectional", 0)? == 1).then_some(Causal { last_row_open: false });
+    let add = additive_term(bias, keep.as_ref(), filter, causal, &scores_at, s)?;
     let scale = match node.attr_float("scale", 0.0)? {
         x if x != 0.0 => x,
         _ => 1.0 / (head as f32).sqrt(),

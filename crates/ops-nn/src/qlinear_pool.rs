@@ -51,18 +51,6 @@ fn claim_global(node: &NodeInfo) -> std::result::Result<(), Decline> {
     claim_io(node, true)
 }
 
-/// One value of input `i` on the host (0 for an absent zero point).
-fn host_value(ctx: &LowerCtx<'_>, i: usize, what: &str) -> Result<f32> {
-    if ctx.optional_input(i).is_none() {
-        return Ok(0.0);
-    }
-    let v = ctx.host_f64(i)?;
-    if v.len() != 1 || ctx.input(i)?.ndim() > 1 {
-        bail!("{what} (input {i}) of shape {:?} must be a scalar or a vector of one element", ctx.input(i)?.shape());
-    }
-    Ok(v[0] as f32)
-}
-
 struct Quant {
     x_scale: f32,
     x_zp: f32,
@@ -80,11 +68,14 @@ fn quant(ctx: &LowerCtx<'_>) -> Result<Quant> {
         Dtype::U8 => (0.0, 255.0),
         other => bail!("{other:?} is not int8 or uint8"),
     };
+    let required = |i: usize, what: &str| -> Result<f32> {
+        ctx.host_one_f32(i, what)?.ok_or_else(|| ep_core::Error::new(format!("{what} is missing")))
+    };
     Ok(Quant {
-        x_scale: host_value(ctx, 1, "x_scale")?,
-        x_zp: host_value(ctx, 2, "x_zero_point")?,
-        y_scale: host_value(ctx, 3, "y_scale")?,
-        y_zp: host_value(ctx, 4, "y_zero_point")?,
+        x_scale: required(1, "x_scale")?,
+        x_zp: ctx.host_one_f32(2, "x_zero_point")?.unwrap_or(0.0),
+        y_scale: required(3, "y_scale")?,
+        y_zp: ctx.host_one_f32(4, "y_zero_point")?.unwrap_or(0.0),
         t,
         lo,
         hi,

@@ -34,18 +34,6 @@ fn saturate(v: f32, t: Dtype) -> i32 {
     v.clamp(*r.start() as f32, *r.end() as f32) as i32
 }
 
-/// A scale (`None` for an absent zero point: 0) from input `i`, one value, on the host.
-fn host_value(ctx: &LowerCtx<'_>, i: usize, what: &str) -> Result<Option<f32>> {
-    if ctx.optional_input(i).is_none() {
-        return Ok(None);
-    }
-    let v = ctx.host_f64(i)?;
-    if v.len() != 1 || ctx.input(i)?.ndim() > 1 {
-        bail!("{what} (input {i}) of shape {:?} must be a scalar or a vector of one element", ctx.input(i)?.shape());
-    }
-    Ok(Some(v[0] as f32))
-}
-
 fn table_array(values: Vec<i32>, t: Dtype) -> Result<Array> {
     let n = values.len() as i64;
     Ok(match t {
@@ -112,8 +100,9 @@ struct Params {
 
 fn params(ctx: &LowerCtx<'_>) -> Result<Params> {
     let get = |scale: usize, zp: usize, name: &str| -> Result<(f32, f32)> {
-        let sc = host_value(ctx, scale, &format!("{name}_scale"))?.expect("required at claim");
-        Ok((sc, host_value(ctx, zp, &format!("{name}_zero_point"))?.unwrap_or(0.0)))
+        let what = format!("{name}_scale");
+        let sc = ctx.host_one_f32(scale, &what)?.ok_or_else(|| ep_core::Error::new(format!("{what} is missing")))?;
+        Ok((sc, ctx.host_one_f32(zp, &format!("{name}_zero_point"))?.unwrap_or(0.0)))
     };
     Ok(Params { a: get(1, 2, "A")?, b: get(4, 5, "B")?, c: get(6, 7, "C")? })
 }
@@ -201,7 +190,9 @@ fn branch_table(scale: f32, zp: f32, z: (f32, f32), t: Dtype) -> Result<Array> {
 
 fn lower_where(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
-    let one = |i: usize, what: &str| -> Result<f32> { Ok(host_value(ctx, i, what)?.expect("required at claim")) };
+    let one = |i: usize, what: &str| -> Result<f32> {
+        ctx.host_one_f32(i, what)?.ok_or_else(|| ep_core::Error::new(format!("{what} is missing")))
+    };
     let x = (one(2, "x_scale")?, one(3, "x_zero_point")?);
     let y = (one(5, "y_scale")?, one(6, "y_zero_point")?);
     let z = (one(7, "z_scale")?, one(8, "z_zero_point")?);

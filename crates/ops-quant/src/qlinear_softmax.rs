@@ -8,7 +8,7 @@
 use crate::qdq::Q8;
 use ep_core::lowering::{FnLowering, input_rank, normalize_axis, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
-use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
+use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result};
 
 fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 4, 5)?;
@@ -42,15 +42,6 @@ fn before_13(node: &NodeInfo) -> std::result::Result<bool, String> {
 
 fn axis(node: &NodeInfo) -> std::result::Result<i64, String> {
     node.attr_int("axis", if before_13(node)? { 1 } else { -1 })
-}
-
-/// One value of input `i` on the host.
-fn host_value(ctx: &LowerCtx<'_>, i: usize, what: &str) -> Result<f32> {
-    let v = ctx.host_f64(i)?;
-    if v.len() != 1 || ctx.input(i)?.ndim() > 1 {
-        bail!("{what} (input {i}) of shape {:?} must be a scalar or a vector of one element", ctx.input(i)?.shape());
-    }
-    Ok(v[0] as f32)
 }
 
 /// ORT's table for rows of `d` elements.
@@ -90,9 +81,11 @@ fn rows(x: &Array, x_scale: f32, y_scale: f32, y_zp: f32, s: &Stream) -> Result<
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
-    let x_scale = host_value(ctx, 1, "X_scale")?;
-    let y_scale = host_value(ctx, 3, "y_scale")?;
-    let y_zp = if ctx.optional_input(4).is_some() { host_value(ctx, 4, "y_zero_point")? } else { 0.0 };
+    let required = |i: usize, what: &str| -> Result<f32> {
+        ctx.host_one_f32(i, what)?.ok_or_else(|| ep_core::Error::new(format!("{what} is missing")))
+    };
+    let (x_scale, y_scale) = (required(1, "X_scale")?, required(3, "y_scale")?);
+    let y_zp = ctx.host_one_f32(4, "y_zero_point")?.unwrap_or(0.0);
     let x = ctx.input(0)?;
     let shape = x.shape();
     let rank = shape.len();
