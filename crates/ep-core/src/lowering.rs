@@ -515,7 +515,9 @@ impl<'a> LowerCtx<'a> {
         }
         let starts = crate::mlx::ops::astype(starts, crate::mlx::Dtype::I32, self.stream)?;
         let starts = crate::mlx::ops::reshape(&starts, &[os[0]], self.stream)?;
-        let rows = crate::mlx::ops::contiguous(rows, self.stream)?;
+        // (Not made contiguous here: a compiled graph packs the rows of a run into one array,
+        // which lays them out; an eager run makes them contiguous itself.)
+        let rows = rows.clone();
         self.row_updates.push(RowUpdate { input, axis, aliased_output, rows: ChangedRows::At { rows, starts } });
         Ok(())
     }

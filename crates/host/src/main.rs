@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: mlx-ep-run demo [--repeat N] [--json PATH]
-       mlx-ep-run llm [--preset tiny|small|qwen2.5-0.5b] [--kv growing|shared|device] [--prompt N] [--steps N] [--json PATH]
+       mlx-ep-run llm [--preset tiny|small|qwen2.5-0.5b] [--layers N] [--kv growing|shared|device] [--prompt N] [--steps N] [--json PATH]
        mlx-ep-run run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]...
 The plugin is taken from $ORT_MLX_EP_LIB, ONNX Runtime from $ORT_DYLIB_PATH.";
 
@@ -29,6 +29,7 @@ fn run() -> Result<bool> {
     let mut model: Option<PathBuf> = None;
     let (mut preset, mut prompt_len, mut steps) = ("tiny".to_owned(), 16usize, 32usize);
     let mut kv = decoder::KvStyle::Growing;
+    let mut layers: Option<usize> = None;
     let mut it = rest.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -52,6 +53,14 @@ fn run() -> Result<bool> {
                 }
             }
             "--preset" => preset = it.next().ok_or("--preset needs a name")?.clone(),
+            "--layers" => {
+                let n: usize =
+                    it.next().ok_or("--layers needs a count")?.parse().map_err(|_| "--layers needs a number")?;
+                if n < 1 {
+                    return Err("--layers needs at least 1".into());
+                }
+                layers = Some(n);
+            }
             "--prompt" => {
                 prompt_len =
                     it.next().ok_or("--prompt needs a length")?.parse().map_err(|_| "--prompt needs a number")?
@@ -68,7 +77,11 @@ fn run() -> Result<bool> {
         }
     }
     if cmd == "llm" {
-        let report = decoder::compare_with(&decoder::DecoderConfig::preset(&preset)?, prompt_len, steps, kv)?;
+        let mut cfg = decoder::DecoderConfig::preset(&preset)?;
+        if let Some(n) = layers {
+            cfg.layers = n;
+        }
+        let report = decoder::compare_with(&cfg, prompt_len, steps, kv)?;
         decoder::print(&report);
         if let Some(path) = json {
             std::fs::write(&path, serde_json::to_string_pretty(&decoder::to_json(&report))?)?;

@@ -207,11 +207,14 @@ fn pack_rows(rows_at: &[PendingRows], s: &Stream) -> Result<(Vec<usize>, Vec<Arr
             dtypes.len() - 1
         });
         group_of.push(g);
-        // (`write_rows_at` made the rows contiguous and the starts `[B]` int32.)
+        // (The packed bytes are read on the host: `cat` below lays them out. `write_rows_at`
+        // made the starts `[B]` int32.)
         members[g].push(ops::flatten(&p.rows, s)?);
     }
+    // (Concatenation lays its result out; one member alone is made contiguous, as a
+    // flattened view may still be strided.)
     let cat = |parts: &[Array]| -> Result<Array> {
-        Ok(if parts.len() == 1 { parts[0].clone() } else { ops::concatenate(parts, 0, s)? })
+        Ok(if parts.len() == 1 { ops::contiguous(&parts[0], s)? } else { ops::concatenate(parts, 0, s)? })
     };
     let mut packed: Vec<Array> = members.iter().map(|m| cat(m)).collect::<Result<_>>()?;
     let starts: Vec<Array> = rows_at.iter().map(|p| p.starts.clone()).collect();

@@ -216,7 +216,10 @@ impl Plan {
     /// Keeps at most `capacity` compiled closures in each of the plan's slots.
     pub fn with_cache_capacity(self, capacity: usize) -> Plan {
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).set_capacity(capacity);
-        self.decode.lock().unwrap_or_else(|p| p.into_inner()).cache.set_capacity(capacity);
+        let mut decode = self.decode.lock().unwrap_or_else(|p| p.into_inner());
+        decode.cache.set_capacity(capacity);
+        decode.split_cache.set_capacity(capacity);
+        drop(decode);
         self
     }
 
@@ -315,6 +318,11 @@ impl Plan {
             t.build(inputs, &self.stream, TraceMode::Eager)?
         };
         self.stats.eager_runs.fetch_add(1, Ordering::Relaxed);
+        // The rows to write are read on the host from their own buffers: laid out contiguously.
+        let mut rows_at = rows_at;
+        for p in &mut rows_at {
+            p.rows = crate::mlx::ops::contiguous(&p.rows, &self.stream)?;
+        }
         let extra = rows_at.iter().flat_map(|p| [&p.rows, &p.starts]);
         self.evaluate(outputs.iter().chain(write_backs.iter().map(|w| &w.array)).chain(extra).chain(&flags))?;
         // An eager run is exact: a guard has nothing to say, a failed check fails it.
