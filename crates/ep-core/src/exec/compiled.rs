@@ -120,7 +120,8 @@ pub(super) struct Traced {
     pub(super) meta: Arc<Mutex<Option<Arc<TraceMeta>>>>,
     /// Replays so far (for the bare-replay measurement at the 8th).
     replays: Arc<std::sync::atomic::AtomicUsize>,
-    /// Whether a decode step replays it (see [`crate::mlx::device::Fusion`]).
+    /// Whether it is a split decode slot's fixed-shape graph, which every decode step replays
+    /// (see [`crate::mlx::device::Fusion`]).
     decode: bool,
 }
 

@@ -286,9 +286,12 @@ impl Plan {
 
     /// Runs the decode slot's shapeless closure for `key`.
     pub(super) fn run_decode(&self, inputs: &[Array], key: InputKey) -> Result<Applied> {
-        let traced = self.decode.lock().unwrap_or_else(|p| p.into_inner()).cache.get_or_compile(key, || {
-            Traced::compile_part(&self.translation, &self.stats, TraceMode::Shapeless, None, true)
-        })?;
+        let traced = self
+            .decode
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .cache
+            .get_or_compile(key, || Traced::compile(&self.translation, &self.stats, TraceMode::Shapeless))?;
         let run = self.apply(&traced, inputs)?;
         self.stats.decode_runs.fetch_add(1, Ordering::Relaxed);
         Ok(run)
