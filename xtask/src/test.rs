@@ -82,6 +82,10 @@ pub fn run(args: &[String]) -> Result {
             "Control flow: Scan, a VAD-shaped and an audio front-end model as one MLX partition each",
             "check_control_flow.py",
         ),
+        (
+            "ai.onnx.ml TreeEnsemble (tensor attributes): 150 random forests against the CPU EP",
+            "check_tree_ensemble.py",
+        ),
     ] {
         step(what);
         util::run(

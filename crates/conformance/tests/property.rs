@@ -20,12 +20,15 @@ fn every_spec_passes_on_generated_cases() {
 
 #[test]
 fn ops_checked_in_python_are_there() {
-    let python =
-        [include_str!("../../../python/check_plugin.py"), include_str!("../../../python/check_control_flow.py")];
+    let python = [
+        include_str!("../../../python/check_plugin.py"),
+        include_str!("../../../python/check_control_flow.py"),
+        include_str!("../../../python/check_tree_ensemble.py"),
+    ];
     for op in CHECKED_IN_PYTHON {
         assert!(
             python.iter().any(|p| p.contains(&format!("make_node(\"{op}\""))),
-            "`{op}` is not checked in python/check_plugin.py or python/check_control_flow.py"
+            "`{op}` is not checked in python/check_plugin.py, check_control_flow.py or check_tree_ensemble.py"
         );
     }
 }

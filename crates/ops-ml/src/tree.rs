@@ -28,10 +28,10 @@ type Reduce = fn(&Array, &[i32], bool, &Stream) -> ep_core::mlx::Result<Array>;
 
 /// The deepest tree walked (deeper forests are left to ORT's CPU EP: each level is a step of
 /// the graph).
-const MAX_DEPTH: usize = 64;
+pub(crate) const MAX_DEPTH: usize = 64;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(crate) enum Mode {
     Leq,
     Lt,
     Gte,
@@ -39,6 +39,8 @@ enum Mode {
     Eq,
     Neq,
     Leaf,
+    /// The feature is one of the node's set (`Forest::members`).
+    Member,
 }
 
 impl Mode {
@@ -55,7 +57,7 @@ impl Mode {
         })
     }
 
-    const BRANCHES: [Mode; 6] = [Mode::Leq, Mode::Lt, Mode::Gte, Mode::Gt, Mode::Eq, Mode::Neq];
+    const BRANCHES: [Mode; 7] = [Mode::Leq, Mode::Lt, Mode::Gte, Mode::Gt, Mode::Eq, Mode::Neq, Mode::Member];
 
     fn code(self) -> i32 {
         self as i32
@@ -63,7 +65,7 @@ impl Mode {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Aggregate {
+pub(crate) enum Aggregate {
     Sum,
     Average,
     Min,
@@ -71,23 +73,28 @@ enum Aggregate {
 }
 
 /// The forest, flattened: node `g` of the table (in the order listed).
-struct Forest {
-    feature: Vec<i32>,
-    threshold: Vec<f32>,
-    mode: Vec<Mode>,
-    yes: Vec<i32>,
-    no: Vec<i32>,
-    missing_true: Vec<bool>,
-    roots: Vec<i32>,
-    depth: usize,
-    targets: usize,
+pub(crate) struct Forest {
+    pub(crate) feature: Vec<i32>,
+    pub(crate) threshold: Vec<f32>,
+    pub(crate) mode: Vec<Mode>,
+    pub(crate) yes: Vec<i32>,
+    pub(crate) no: Vec<i32>,
+    pub(crate) missing_true: Vec<bool>,
+    pub(crate) roots: Vec<i32>,
+    pub(crate) depth: usize,
+    pub(crate) targets: usize,
     /// `[nodes, targets]`: each leaf's weight per target (summed, or its min / max).
-    weights: Vec<f32>,
+    pub(crate) weights: Vec<f32>,
     /// `[nodes, targets]`: whether the leaf has a weight for the target.
-    has: Vec<bool>,
-    aggregate: Aggregate,
+    pub(crate) has: Vec<bool>,
+    pub(crate) aggregate: Aggregate,
     /// Added after aggregation, per target (empty: none).
-    base: Vec<f32>,
+    pub(crate) base: Vec<f32>,
+    /// Per node, its set for [`Mode::Member`] (empty for other nodes).
+    pub(crate) members: Vec<Vec<f32>>,
+    /// Per node, whether its set is tested with the feature truncated to an integer (ORT's
+    /// large sets).
+    pub(crate) member_trunc: Vec<bool>,
 }
 
 fn strings<'a>(node: &'a NodeInfo, name: &str) -> &'a [String] {
@@ -170,6 +177,8 @@ fn forest(node: &NodeInfo) -> std::result::Result<Forest, String> {
         has: vec![false; n * targets],
         aggregate,
         base: floats(node, "base_values").to_vec(),
+        members: vec![Vec::new(); n],
+        member_trunc: vec![false; n],
     };
     for g in 0..n {
         let mode = Mode::parse(&modes[g]).ok_or_else(|| format!("node mode {} is not supported", modes[g]))?;
@@ -197,7 +206,7 @@ fn forest(node: &NodeInfo) -> std::result::Result<Forest, String> {
 }
 
 /// The most branch nodes on a path from a root (a cycle is refused).
-fn depth(f: &Forest) -> std::result::Result<usize, String> {
+pub(crate) fn depth(f: &Forest) -> std::result::Result<usize, String> {
     let mut deepest = 0;
     for &root in &f.roots {
         let mut stack = vec![(root as usize, 0usize)];
@@ -278,6 +287,11 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let f = forest(node).map_err(ep_core::Error::new)?;
+    walk(ctx, &f)
+}
+
+/// Every row of input 0 through every tree of `f`, aggregated: `[rows, targets]`.
+pub(crate) fn walk(ctx: &mut LowerCtx<'_>, f: &Forest) -> Result<Vec<Array>> {
     let (x, s) = (ctx.input(0)?, ctx.stream());
     let (rows, columns) = (x.shape()[0], x.shape()[1]);
     if let Some(&bad) = f.feature.iter().find(|&&i| i64::from(i) >= columns) {
@@ -295,6 +309,18 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let (yes, no) = (table(f.yes.clone())?, table(f.no.clone())?);
     let present: Vec<Mode> = Mode::BRANCHES.into_iter().filter(|m| f.mode.contains(m)).collect();
     let missing = f.missing_true.iter().any(|m| *m).then(|| Array::from_slice(&f.missing_true, &[n])).transpose()?;
+    // The sets of member nodes, `[nodes, widest]`, padded with NaN (equal to nothing).
+    let widest = f.members.iter().map(Vec::len).max().unwrap_or(0);
+    let members = (widest > 0)
+        .then(|| {
+            let mut table = vec![f32::NAN; f.members.len() * widest];
+            for (g, set) in f.members.iter().enumerate() {
+                table[g * widest..g * widest + set.len()].copy_from_slice(set);
+            }
+            Array::from_slice(&table, &[n, widest as i64])
+        })
+        .transpose()?;
+    let truncated = f.member_trunc.iter().any(|t| *t).then(|| Array::from_slice(&f.member_trunc, &[n])).transpose()?;
     // [rows, trees]: every pair at its tree's root, then one level per step.
     let mut at = ops::broadcast_to(&ops::reshape(&table(f.roots.clone())?, &[1, trees], s)?, &[rows, trees], s)?;
     for _ in 0..f.depth {
@@ -308,6 +334,27 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
                 Mode::Gt => ops::greater(&v, &th, s)?,
                 Mode::Eq => ops::equal(&v, &th, s)?,
                 Mode::Neq | Mode::Leaf => ops::not_equal(&v, &th, s)?,
+                Mode::Member => match &members {
+                    Some(table) => {
+                        let set = ops::take(table, &at, 0, s)?;
+                        let tested = match &truncated {
+                            // Toward zero, on the nodes whose sets ORT tests that way.
+                            Some(flags) => {
+                                let toward_zero = ops::where_(
+                                    &ops::less(&v, &ops::scalar(0.0, Dtype::F32, s)?, s)?,
+                                    &ops::ceil(&v, s)?,
+                                    &ops::floor(&v, s)?,
+                                    s,
+                                )?;
+                                ops::where_(&ops::take(flags, &at, 0, s)?, &toward_zero, &v, s)?
+                            }
+                            None => v.clone(),
+                        };
+                        let hits = ops::equal(&ops::expand_dims(&tested, 2, s)?, &set, s)?;
+                        ops::any_axes(&hits, &[2], false, s)?
+                    }
+                    None => ops::not_equal(&v, &v, s)?,
+                },
             })
         };
         let mut go = compare(present[0])?;
