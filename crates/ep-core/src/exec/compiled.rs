@@ -291,6 +291,9 @@ impl Plan {
                 Fusion::Off => false,
                 Fusion::DecodeSteps => traced.decode,
             };
+            if fused && traced.decode {
+                crate::mlx::device::note_fused_compile();
+            }
             traced_with_fusion(fused, || traced.closure.apply(inputs))?
         } else {
             traced.closure.apply(inputs)

@@ -201,6 +201,25 @@ pub fn fusion() -> Fusion {
     SETTLED.lock().unwrap_or_else(|p| p.into_inner()).fuse.unwrap_or(Fusion::All)
 }
 
+/// Says once per process, on stderr, that the decode step's fused kernels are being compiled
+/// (on CUDA with an empty kernel cache this takes a minute or more, once per machine), where
+/// they are kept, and how to skip them.
+pub fn note_fused_compile() {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        let dir = std::env::var_os(MLX_KERNEL_CACHE_VARIABLE).map(std::path::PathBuf::from);
+        let cold = dir.as_ref().is_none_or(|d| std::fs::read_dir(d).map_or(true, |mut e| e.next().is_none()));
+        if is_cuda() && cold {
+            eprintln!(
+                "[{}] compiling the decode step's fused CUDA kernels (the first time on this machine: \
+                 a minute or more; kept in {}; option fuse=0 skips them for slower steps)",
+                crate::EP_NAME,
+                dir.map_or_else(|| "MLX's default cache".to_owned(), |d| d.display().to_string())
+            );
+        }
+    });
+}
+
 fn set_mode(fused: bool) -> Result<()> {
     let mode = if fused {
         mlx_sys::mlx_compile_mode::MLX_COMPILE_MODE_ENABLED
