@@ -205,22 +205,47 @@ fn forest(node: &NodeInfo) -> std::result::Result<Forest, String> {
     Ok(f)
 }
 
-/// The most branch nodes on a path from a root (a cycle is refused).
+/// The most branch nodes on a path from a root (a cycle is refused). Each node's depth is
+/// computed once: trees may share subtrees (a chain of tests whose branches meet), whose paths
+/// a plain walk would count over and over.
 pub(crate) fn depth(f: &Forest) -> std::result::Result<usize, String> {
+    // 0: not seen, 1: on the current path, 2: done (its depth in `memo`).
+    let n = f.mode.len();
+    let (mut state, mut memo) = (vec![0u8; n], vec![0usize; n]);
     let mut deepest = 0;
     for &root in &f.roots {
-        let mut stack = vec![(root as usize, 0usize)];
-        while let Some((g, d)) = stack.pop() {
-            if f.mode[g] == Mode::Leaf {
-                deepest = deepest.max(d);
+        let mut stack = vec![root as usize];
+        while let Some(&g) = stack.last() {
+            if state[g] == 2 {
+                stack.pop();
                 continue;
             }
-            if d >= MAX_DEPTH {
-                return Err(format!("a tree is deeper than {MAX_DEPTH} levels (or has a cycle)"));
+            if f.mode[g] == Mode::Leaf {
+                (state[g], memo[g]) = (2, 0);
+                stack.pop();
+                continue;
             }
-            stack.push((f.yes[g] as usize, d + 1));
-            stack.push((f.no[g] as usize, d + 1));
+            let (a, b) = (f.yes[g] as usize, f.no[g] as usize);
+            if state[g] == 0 {
+                state[g] = 1;
+                for c in [a, b] {
+                    match state[c] {
+                        1 => return Err("a tree has a cycle".into()),
+                        0 => stack.push(c),
+                        _ => {}
+                    }
+                }
+                continue;
+            }
+            // Both children done: this node's depth.
+            memo[g] = 1 + memo[a].max(memo[b]);
+            if memo[g] > MAX_DEPTH {
+                return Err(format!("a tree is deeper than {MAX_DEPTH} levels"));
+            }
+            state[g] = 2;
+            stack.pop();
         }
+        deepest = deepest.max(memo[root as usize]);
     }
     Ok(deepest)
 }
@@ -418,6 +443,48 @@ ep_core::register_lowering!(
         growth: None,
     }
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chain of `n` tests whose two branches both lead to the next (LightGBM's set tests
+    /// come out that way), then a leaf; `cycle` points the last test back at the first.
+    fn chain(n: usize, cycle: bool) -> Forest {
+        let mut next: Vec<i32> = (1..=n as i32).collect();
+        if cycle {
+            next[n - 1] = 0;
+        }
+        let mut mode = vec![Mode::Leq; n];
+        mode.push(Mode::Leaf);
+        next.push(n as i32);
+        Forest {
+            feature: vec![0; n + 1],
+            threshold: vec![0.0; n + 1],
+            mode,
+            yes: next.clone(),
+            no: next,
+            missing_true: vec![false; n + 1],
+            roots: vec![0],
+            depth: 0,
+            targets: 1,
+            weights: vec![0.0; n + 1],
+            has: vec![true; n + 1],
+            aggregate: Aggregate::Sum,
+            base: Vec::new(),
+            members: vec![Vec::new(); n + 1],
+            member_trunc: vec![false; n + 1],
+        }
+    }
+
+    #[test]
+    fn depth_counts_each_shared_subtree_once() {
+        // 2^40 paths, 40 levels: answered at once.
+        assert_eq!(depth(&chain(40, false)), Ok(40));
+        assert!(depth(&chain(MAX_DEPTH + 1, false)).is_err());
+        assert_eq!(depth(&chain(5, true)), Err("a tree has a cycle".to_string()));
+    }
+}
 
 #[cfg(feature = "conformance")]
 mod spec {

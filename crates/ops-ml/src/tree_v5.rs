@@ -15,6 +15,9 @@ use ep_core::lowering::{FnLowering, require_input_rank, require_inputs, require_
 use ep_core::mlx::Array;
 use ep_core::{AttrValue, CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result};
 
+/// The most values of one BRANCH_MEMBER set.
+const MAX_MEMBERS: usize = 256;
+
 fn ints<'a>(node: &'a NodeInfo, name: &str) -> &'a [i64] {
     crate::ints(node, name)
 }
@@ -107,6 +110,11 @@ fn forest(node: &NodeInfo) -> std::result::Result<Forest, String> {
             5 => Mode::Neq,
             6 => {
                 let set = sets.next().filter(|s| !s.is_empty()).ok_or("a BRANCH_MEMBER node has no members")?;
+                // (Each step compares every row's feature with a whole set: wide sets stay on
+                // ORT's CPU EP.)
+                if set.len() > MAX_MEMBERS {
+                    return Err(format!("a BRANCH_MEMBER set of {} values (at most {MAX_MEMBERS})", set.len()));
+                }
                 // ORT tests a small set of integers in [0, 30] for equality; a larger or wider
                 // one, which must hold int32 integers, with the feature truncated to an integer.
                 let big = set.len() >= 31 || set.iter().any(|&v| !(0.0..=30.0).contains(&v));

@@ -332,17 +332,6 @@ fn lower_skip_layer_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<
     check_skip_shapes(ctx, node)?;
     let s = ctx.stream();
     let x = ctx.input(0)?;
-    let eps = node.attr_float("epsilon", 1e-12)? as f64;
-    // Half types on a GPU: the sum in the half type (ORT's sum output, which it rounds from
-    // float32: the same but for a rare double-rounding tie) normalized by the fused kernel.
-    let wants_stats = node.output(1).is_some() || node.output(2).is_some();
-    if !wants_stats && ctx.optional_input(3).is_none() && skip_input(ctx)?.dtype() == x.dtype() {
-        let sum = ops::add(x, &skip_input(ctx)?, s)?;
-        if let Some(y) = half_rms(&sum, ctx.input(2)?, eps, s)? {
-            let unused = ops::scalar(0.0, Dtype::F32, s)?;
-            return Ok(vec![y, unused.clone(), unused, sum]);
-        }
-    }
     // The sum in float32, as ORT's kernel normalizes it (its sum output is rounded apart).
     let mut sum = ops::add(&f32_of(x, s)?, &f32_of(&skip_input(ctx)?, s)?, s)?;
     if ctx.optional_input(4).is_some() {

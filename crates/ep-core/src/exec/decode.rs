@@ -24,8 +24,12 @@ pub(super) struct DecodeState {
     /// Why the slot is off for this partition.
     pub(super) refused: Option<String>,
     pub(super) cache: CompiledCache,
-    /// The split for the growing set checked (see [`Plan::run_split`]), or why there is none.
-    pub(super) split: Option<std::result::Result<Arc<Split>, String>>,
+    /// The split for the growing set checked (see [`Plan::run_split`]), or why there is none,
+    /// and the growing set it was made for.
+    pub(super) split: Option<(Vec<Vec<bool>>, std::result::Result<Arc<Split>, String>)>,
+    /// Whether this run keeps the previous run's shapes but for the growing dimensions, a
+    /// decode step (a new prompt changes the token count): only such a run takes the split.
+    pub(super) steady: bool,
     /// The boundary's shapes at the split's first run: a later change ends the split.
     pub(super) boundary_shapes: Option<Vec<Vec<i64>>>,
     pub(super) split_cache: CompiledCache,
@@ -147,11 +151,13 @@ impl Translation {
                 boundary.push(v);
             }
         }
-        // A growing input the rest of the graph reads keeps the graph's shapes growing.
-        for node in self.nodes.iter().enumerate().filter(|(n, _)| !prologue[*n]).map(|(_, node)| node) {
-            if let Some(Source::Input(i)) = node.inputs.iter().find(|s| matches!(**s, Source::Input(i) if grows[i])) {
-                return Err(format!("node '{}' reads growing input {i}", node.info.name));
-            }
+        // (Every node reading a growing input is in the prologue; a partition output that is
+        // one would be the graph's placeholder.)
+        if let Some(o) = self.outputs.iter().find(|o| matches!(o.source, Source::Input(i) if grows[i])) {
+            return Err(format!("output '{}' is a growing input", o.name));
+        }
+        if boundary.is_empty() {
+            return Err("the rest of the graph reads nothing the growing inputs' nodes compute".into());
         }
         Ok(Split { prologue, boundary, growing: grows })
     }
@@ -169,15 +175,21 @@ impl Plan {
         let split = {
             let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
             let growing = st.checked.clone()?;
-            let split = st.split.get_or_insert_with(|| {
+            if !st.steady {
+                return None;
+            }
+            // (Made again, with a fresh cache, when another set of dimensions grows.)
+            if st.split.as_ref().is_none_or(|(made_for, _)| *made_for != growing) {
                 let split = self.translation.split_for(&growing);
                 if let Err(why) = &split {
                     let name = &self.translation.name;
                     self.stats.record_fallback(format!("partition {name}: no split decode slot: {why}"));
                 }
-                split.map(Arc::new)
-            });
-            Arc::clone(split.as_ref().ok()?)
+                st.split = Some((growing, split.map(Arc::new)));
+                st.boundary_shapes = None;
+                st.split_cache.clear();
+            }
+            Arc::clone(st.split.as_ref().and_then(|(_, s)| s.as_ref().ok())?)
         };
         Some(self.run_split_with(&split, inputs))
     }
@@ -187,6 +199,11 @@ impl Plan {
             .translation
             .build_part(inputs.to_vec(), &self.stream, TraceMode::Eager, Part::Prologue(split))?
             .outputs;
+        // A prologue whose guard or data check failed hands back nothing: this run is served
+        // by the shapeless slot (which reports a failed check as the run's error).
+        if boundary.len() != split.boundary.len() {
+            return Ok(Applied::GuardMiss);
+        }
         let shapes: Vec<Vec<i64>> = boundary.iter().map(Array::shape).collect();
         if let Some(b) = boundary.iter().find(|b| b.size() > BOUNDARY_ELEMENTS) {
             return Err(crate::Error::new(format!("a boundary value holds {} elements", b.size())));
@@ -194,7 +211,8 @@ impl Plan {
         {
             let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
             if *st.boundary_shapes.get_or_insert_with(|| shapes.clone()) != shapes {
-                return Err(crate::Error::new("the boundary values changed shape"));
+                // (Another batch size, say: not this graph's run, the split stays.)
+                return Ok(Applied::GuardMiss);
             }
         }
         // The growing inputs only the prologue reads: a one-element placeholder of their dtype.
@@ -218,7 +236,9 @@ impl Plan {
     pub(super) fn refuse_split(&self, reason: String) {
         self.stats.record_fallback(format!("partition {}: no split decode slot: {reason}", self.translation.name));
         let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
-        st.split = Some(Err(reason));
+        if let Some((_, split)) = st.split.as_mut() {
+            *split = Err(reason);
+        }
         st.split_cache.clear();
     }
 
@@ -231,11 +251,15 @@ impl Plan {
         if st.growing.len() != shapes.len() {
             st.growing = shapes.iter().map(|s| vec![false; s.len()]).collect();
         }
+        st.steady = false;
         if let Some(last) = st.last.take()
             && last.len() == shapes.len()
             && last.iter().zip(&shapes).all(|(a, b)| a.len() == b.len())
         {
             let shrank = last.iter().zip(&shapes).any(|(a, b)| a.iter().zip(b).any(|(x, y)| y < x));
+            // Nothing shrank: every dimension as in the previous run or grown (and marked
+            // below), a decode step; a prompt after decode steps shrinks the token count.
+            st.steady = !shrank;
             // The first growth may come with a shrink (a prompt, then the first decode step:
             // the tokens shrink to one while the mask and the caches grow), so the first
             // step already replays the decode slot's closure; later, a shrink is a new start
