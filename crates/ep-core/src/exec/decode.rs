@@ -26,7 +26,7 @@ pub(super) struct DecodeState {
     pub(super) cache: CompiledCache,
     /// The split for the growing set checked (see [`Plan::run_split`]), or why there is none,
     /// and the growing set it was made for.
-    pub(super) split: Option<(Vec<Vec<bool>>, std::result::Result<Arc<Split>, String>)>,
+    pub(super) split: Option<(Vec<Vec<bool>>, SplitOrWhy)>,
     /// Whether this run keeps the previous run's shapes but for the growing dimensions, a
     /// decode step (a new prompt changes the token count): only such a run takes the split.
     pub(super) steady: bool,
@@ -34,6 +34,9 @@ pub(super) struct DecodeState {
     pub(super) boundary_shapes: Option<Vec<Vec<i64>>>,
     pub(super) split_cache: CompiledCache,
 }
+
+/// A partition's split, or why it has none.
+pub(super) type SplitOrWhy = std::result::Result<Arc<Split>, String>;
 
 /// The most elements a boundary value may hold (the values the prologue hands the graph are
 /// lengths and sizes, not activations).
