@@ -136,8 +136,8 @@ pub const FUSE: Setting = Setting {
     env: "ONNXRUNTIME_EP_MLX_FUSE",
     kind: Kind::Switch,
     default: "",
-    process_wide: true,
-    doc: "let `mlx_compile` fuse chains of elementwise ops into generated kernels. Unset: on for the CPU and Metal; on CUDA only in the fixed-shape graph a decode step replays (a decoder's per-token graph with its KV cache in one buffer: 2.5x faster steps on an H100), since each fused kernel is compiled with NVRTC the first time it runs (about 15 s for a CNN, a minute for a decoder's prompt graph on an empty kernel cache) and only a graph replayed per token wins that back. `1` fuses every compiled graph, `0` none. Settled by the first session",
+    process_wide: false,
+    doc: "let `mlx_compile` fuse chains of elementwise ops into generated kernels. Unset: on for the CPU and Metal; on CUDA only in the fixed-shape graph a decode step replays (a decoder's per-token graph with its KV cache in one buffer: 2.5x faster steps on an H100), since each fused kernel is compiled with NVRTC the first time it runs (about 15 s for a CNN, a minute for a decoder's prompt graph on an empty kernel cache) and only a graph replayed per token wins that back. `1` fuses every compiled graph, `0` none.",
 };
 
 pub const MEMORY_LIMIT: Setting = Setting {

@@ -285,8 +285,8 @@ impl Plan {
         let fresh = traced.meta.lock().unwrap_or_else(|p| p.into_inner()).is_none();
         let started = Instant::now();
         let mut outputs = if fresh {
-            use crate::mlx::device::{Fusion, fusion, traced_with_fusion};
-            let fused = match fusion() {
+            use crate::mlx::device::{Fusion, traced_with_fusion};
+            let fused = match self.fusion {
                 Fusion::All => true,
                 Fusion::Off => false,
                 Fusion::DecodeSteps => traced.decode,

@@ -102,6 +102,8 @@ pub struct Plan {
     /// (see [`Plan::run_compiled`]).
     exact_first: Mutex<std::collections::HashSet<compiled::InputKey>>,
     decode: Mutex<DecodeState>,
+    /// Which of its graphs are traced with fused kernels (the session's `fuse` option).
+    fusion: crate::mlx::device::Fusion,
 }
 
 impl Plan {
@@ -210,7 +212,14 @@ impl Plan {
             cache: Mutex::new(CompiledCache::default()),
             exact_first: Mutex::default(),
             decode: Mutex::new(DecodeState::default()),
+            fusion: crate::mlx::device::fusion_for(None),
         })
+    }
+
+    /// Traces this plan's graphs with fused kernels as `fusion` says.
+    pub fn with_fusion(mut self, fusion: crate::mlx::device::Fusion) -> Plan {
+        self.fusion = fusion;
+        self
     }
 
     /// Keeps at most `capacity` compiled closures in each of the plan's slots.

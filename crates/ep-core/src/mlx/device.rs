@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 struct Settled {
     device: Option<Device>,
     tf32: Option<bool>,
-    fuse: Option<Fusion>,
 }
 
 /// Which compiled graphs get fused kernels (`mlx_compile` fusing chains of elementwise ops
@@ -39,7 +38,7 @@ pub enum Fusion {
     DecodeSteps,
 }
 
-static SETTLED: Mutex<Settled> = Mutex::new(Settled { device: None, tf32: None, fuse: None });
+static SETTLED: Mutex<Settled> = Mutex::new(Settled { device: None, tf32: None });
 
 /// The environment variable MLX's CUDA backend reads (once, at its first matmul) for TF32.
 const MLX_TF32_VARIABLE: &str = "MLX_ENABLE_TF32";
@@ -173,32 +172,30 @@ pub fn settle(device: Device, tf32: Option<bool>) -> Result<()> {
     }
 }
 
-/// Applies a session's request on kernel fusion (`None` asks nothing: the first session
-/// settles the default, [`Fusion::All`] except on CUDA, where it is [`Fusion::DecodeSteps`]).
-/// The process keeps one policy, so a request that contradicts an earlier session's is an
-/// error.
-pub fn settle_fuse(fuse: Option<bool>) -> Result<()> {
-    init();
-    let mut settled = SETTLED.lock().unwrap_or_else(|p| p.into_inner());
-    let asked = fuse.map(|on| if on { Fusion::All } else { Fusion::Off });
-    match (settled.fuse, asked) {
-        (Some(current), Some(asked)) if current != asked => Err(MlxError(format!(
-            "option fuse={} conflicts with the fusion settled by an earlier session ({current:?}): the process keeps one",
-            u8::from(asked == Fusion::All),
-        ))),
-        (Some(_), _) => Ok(()),
-        (None, asked) => {
-            let policy = asked.unwrap_or_else(|| if is_cuda() { Fusion::DecodeSteps } else { Fusion::All });
-            set_mode(policy == Fusion::All)?;
-            settled.fuse = Some(policy);
-            Ok(())
-        }
+/// The fusion a session asks for: `Some(true)` every graph, `Some(false)` none, `None` the
+/// backend's default ([`Fusion::DecodeSteps`] on CUDA, [`Fusion::All`] elsewhere). Each
+/// closure is traced in its session's mode ([`traced_with_fusion`]), so sessions of one
+/// process may ask differently.
+pub fn fusion_for(fuse: Option<bool>) -> Fusion {
+    match fuse {
+        Some(true) => Fusion::All,
+        Some(false) => Fusion::Off,
+        None if is_cuda() => Fusion::DecodeSteps,
+        None => Fusion::All,
     }
 }
 
-/// The fusion policy settled (MLX's own default, every graph fused, before any session).
-pub fn fusion() -> Fusion {
-    SETTLED.lock().unwrap_or_else(|p| p.into_inner()).fuse.unwrap_or(Fusion::All)
+/// Runs `trace` (the first application of a compiled closure, where MLX traces it and
+/// decides on fusion) with fused kernels on or off as asked, then restores MLX's default
+/// mode (fused). The caller holds [`super::lock`], so no other trace runs meanwhile.
+pub fn traced_with_fusion<T>(fused: bool, trace: impl FnOnce() -> T) -> Result<T> {
+    if fused {
+        return Ok(trace());
+    }
+    set_mode(false)?;
+    let out = trace();
+    set_mode(true)?;
+    Ok(out)
 }
 
 /// Says once per process, on stderr, that the decode step's fused kernels are being compiled
@@ -228,20 +225,6 @@ fn set_mode(fused: bool) -> Result<()> {
     };
     // SAFETY: a process-wide setting with no handles.
     check(unsafe { mlx_sys::mlx_set_compile_mode(mode) })
-}
-
-/// Runs `trace` (the first application of a compiled closure, where MLX traces it and
-/// decides on fusion) with fused kernels on or off as asked, then restores the policy's
-/// mode. The caller holds [`super::lock`], so no other trace runs meanwhile.
-pub fn traced_with_fusion<T>(fused: bool, trace: impl FnOnce() -> T) -> Result<T> {
-    let base = fusion() == Fusion::All;
-    if fused == base {
-        return Ok(trace());
-    }
-    set_mode(fused)?;
-    let out = trace();
-    set_mode(base)?;
-    Ok(out)
 }
 
 fn name(d: Device) -> &'static str {

@@ -102,7 +102,6 @@ fn session_entries(session_options: *const OrtSessionOptions) -> Result<Vec<(Str
 /// first session, an error when a later one contradicts them) and the memory limits.
 fn apply_process_options(options: &Options) -> Result<()> {
     crate::mlx::device::settle(options.device, options.tf32)?;
-    crate::mlx::device::settle_fuse(options.fuse)?;
     crate::mlx::device::settle_kernel_cache(options.kernel_cache.as_deref())?;
     if let Some(limit) = options.memory_limit {
         crate::mlx::device::set_memory_limit(usize::try_from(limit).unwrap_or(usize::MAX))?;
@@ -368,7 +367,9 @@ fn build_plan(ep: &Ep, graph: *const OrtGraph, fused_node: *const OrtNode) -> Re
         Arc::clone(&ep.stats),
         ep.options.compile,
     )
-    .map(|plan| plan.with_cache_capacity(ep.options.compiled_cache))
+    .map(|plan| {
+        plan.with_cache_capacity(ep.options.compiled_cache).with_fusion(crate::mlx::device::fusion_for(ep.options.fuse))
+    })
 }
 
 unsafe extern "system" fn release_node_compute_infos(
