@@ -303,16 +303,29 @@ fn leaf_weights(
     Ok(())
 }
 
-fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
+/// Reads a node's attributes into a forest (TreeEnsembleRegressor's layout or TreeEnsemble's).
+pub(crate) type Parse = fn(&NodeInfo) -> std::result::Result<Forest, String>;
+
+/// Claims a forest op over `[N, F]` float32 features whose attributes `parse` reads.
+pub(crate) fn claim_with(node: &NodeInfo, parse: Parse) -> std::result::Result<(), Decline> {
     require_inputs(node, 1, 1)?;
     require_types(node, &[ElemType::F32])?;
     require_input_rank(node, 0, 2..=2)?;
-    forest(node).map(|_| ()).map_err(Decline)
+    parse(node).map(|_| ()).map_err(Decline)
+}
+
+/// Lowers a forest op whose attributes `parse` reads.
+pub(crate) fn lower_with(ctx: &mut LowerCtx<'_>, node: &NodeInfo, parse: Parse) -> Result<Vec<Array>> {
+    let f = parse(node).map_err(ep_core::Error::new)?;
+    walk(ctx, &f)
+}
+
+fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    claim_with(node, forest)
 }
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let f = forest(node).map_err(ep_core::Error::new)?;
-    walk(ctx, &f)
+    lower_with(ctx, node, forest)
 }
 
 /// Every row of input 0 through every tree of `f`, aggregated: `[rows, targets]`.

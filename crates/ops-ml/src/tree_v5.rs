@@ -9,18 +9,14 @@
 //! whose root names the same leaf on both sides is that leaf, and the aggregation, base-less
 //! here, is the regressor's (a target no reached leaf weighs is 0).
 
-use crate::ML;
 use crate::tree::{self, Aggregate, Forest, Mode};
-use ep_core::lowering::{FnLowering, require_input_rank, require_inputs, require_types};
+use crate::{ML, ints};
+use ep_core::lowering::FnLowering;
 use ep_core::mlx::Array;
 use ep_core::{AttrValue, CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result};
 
 /// The most values of one BRANCH_MEMBER set.
 const MAX_MEMBERS: usize = 256;
-
-fn ints<'a>(node: &'a NodeInfo, name: &str) -> &'a [i64] {
-    crate::ints(node, name)
-}
 
 /// A float32 tensor attribute's values (`None` when absent; an error for another type).
 fn tensor_f32(node: &NodeInfo, name: &str) -> std::result::Result<Option<Vec<f32>>, String> {
@@ -152,15 +148,11 @@ fn forest(node: &NodeInfo) -> std::result::Result<Forest, String> {
 }
 
 fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
-    require_inputs(node, 1, 1)?;
-    require_types(node, &[ElemType::F32])?;
-    require_input_rank(node, 0, 2..=2)?;
-    forest(node).map(|_| ()).map_err(Decline)
+    tree::claim_with(node, forest)
 }
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let f = forest(node).map_err(ep_core::Error::new)?;
-    tree::walk(ctx, &f)
+    tree::lower_with(ctx, node, forest)
 }
 
 ep_core::register_lowering!(
