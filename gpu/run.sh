@@ -27,6 +27,13 @@
 #   primcost the cost of one primitive on the device: gpu/chain_models.py's chains (staged in
 #            target/gpu/models/) through the EP, bare compiled graph per node, fused and not;
 #            with target/gpu/old/libonnxruntime_mlx_ep.so present, that plugin too (A/B)
+#   overhead the EP's per-run overhead: the decoders ($PRESETS, default the fp16 one) with the KV
+#            in the EP's memory, spans per run (gpu/trace_summary.py) and the bare compiled
+#            graph; the native floor; the CNNs with host-bound, then device-bound inputs and
+#            outputs (`--io device`); each again with target/gpu/old/'s plugin when present
+#   hostcopy the copies between host memory and the EP's per ONNXRUNTIME_EP_MLX_HOST_COPY mode
+#            (direct, staged, kernel): the fp16 decoder (KV in the EP's memory, spans per run)
+#            and the CNNs with host-bound inputs and outputs
 #   cmd      the command in $GPU_CMD, in this environment (for one-off measurements)
 #   keep     the JIT kernel cache into $OUT/kernels.tar.gz (a later machine can carry it
 #            back: MLX_EP_KERNELS=path/kernels.tar.gz unpacks it before anything runs)
@@ -150,6 +157,53 @@ for s in "${sections[@]}"; do
             --json "/tmp/mlx-gpu/json/native-$p-$m.json"
         done
       done ;;
+    overhead)
+      # With target/gpu/old/libonnxruntime_mlx_ep.so present, each run again with that plugin
+      # (the same machine and kernel cache: an A/B of the EP's own work).
+      plugins=(new); [ -f target/gpu/old/libonnxruntime_mlx_ep.so ] && plugins+=(old)
+      for p in ${PRESETS:-qwen2.5-0.5b-fp16}; do
+        for which in "${plugins[@]}"; do
+          lib=$ORT_MLX_EP_LIB; [ "$which" = old ] && lib=$root/target/gpu/old/libonnxruntime_mlx_ep.so
+          section "overhead: decoder $p, KV in the EP's memory, $which plugin"
+          ORT_MLX_EP_LIB=$lib ONNXRUNTIME_EP_MLX_VERBOSE=1 ONNXRUNTIME_EP_MLX_BARE_REPLAYS=20 \
+            ONNXRUNTIME_EP_MLX_TRACE=$out/trace-$p-$which.json timed 200 "llm $p $which" mlx-ep-run llm \
+            --preset "$p" --kv device --prompt 128 --steps 32 --json "/tmp/mlx-gpu/json/overhead-$p-$which.json" 2>&1 \
+            | grep -E "bare compiled|decode  |first generation|agree|time:|EP's memory|fallback|prologue"
+          python3 gpu/trace_summary.py "$out/trace-$p-$which.json"
+        done
+        section "overhead: native MLX floor $p"
+        timed 90 "native $p" mlx-ep-bench native --preset "$p" --prompt 128 --steps 32 \
+          --json "/tmp/mlx-gpu/json/overhead-native-$p.json" | grep -E "decode|prefill"
+      done
+      if [ "${CNN:-1}" = 1 ]; then
+        timed 120 export python3 gpu/cnn_models.py /tmp/mlx-gpu/models >/dev/null 2>&1
+        for m in ocr_det yolo_det; do
+          for which in "${plugins[@]}"; do
+            lib=$ORT_MLX_EP_LIB; [ "$which" = old ] && lib=$root/target/gpu/old/libonnxruntime_mlx_ep.so
+            section "overhead: $m, host-bound and device-bound inputs and outputs, $which plugin"
+            ORT_MLX_EP_LIB=$lib ONNXRUNTIME_EP_MLX_VERBOSE=1 ONNXRUNTIME_EP_MLX_BARE_REPLAYS=20 \
+              ONNXRUNTIME_EP_MLX_TRACE=$out/trace-$m-$which.json timed 200 "$m $which" mlx-ep-run run \
+              "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 --io device --json "/tmp/mlx-gpu/json/overhead-$m-$which.json" 2>&1 \
+              | grep -E "first run|  (CPU|MLX)ExecutionProvider|bare compiled|max abs|EP's memory"
+            echo "host-bound runs:"; python3 gpu/trace_summary.py "$out/trace-$m-$which.json" --runs 2:32
+            echo "device-bound runs:"; python3 gpu/trace_summary.py "$out/trace-$m-$which.json" --runs -30:
+          done
+        done
+      fi ;;
+    hostcopy)
+      timed 120 export python3 gpu/cnn_models.py /tmp/mlx-gpu/models >/dev/null 2>&1
+      for mode in ${HOST_COPY_MODES:-direct staged kernel}; do
+        section "hostcopy: $mode, decoder qwen2.5-0.5b-fp16, KV in the EP's memory"
+        ONNXRUNTIME_EP_MLX_HOST_COPY=$mode ONNXRUNTIME_EP_MLX_TRACE=$out/trace-hc-$mode.json timed 200 "llm $mode" \
+          mlx-ep-run llm --preset qwen2.5-0.5b-fp16 --kv device --prompt 128 --steps 32 \
+          --json "/tmp/mlx-gpu/json/hostcopy-llm-$mode.json" 2>&1 | grep -E "decode  |first generation|agree"
+        python3 gpu/trace_summary.py "$out/trace-hc-$mode.json"
+        for m in ocr_det yolo_det; do
+          section "hostcopy: $mode, $m"
+          ONNXRUNTIME_EP_MLX_HOST_COPY=$mode timed 100 "$m $mode" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" \
+            --repeat 30 --json "/tmp/mlx-gpu/json/hostcopy-$m-$mode.json" 2>&1 | grep -E "  (CPU|MLX)ExecutionProvider: [0-9]|max abs"
+        done
+      done ;;
     report)
       # The README's GPU table in one call (about 450 s on a fresh machine): the decoders with
       # the KV in the EP's memory (trace per run, the bare compiled graph), the native floor,
@@ -158,7 +212,7 @@ for s in "${sections[@]}"; do
         section "report: decoder $p, KV in the EP's memory"
         ONNXRUNTIME_EP_MLX_VERBOSE=1 ONNXRUNTIME_EP_MLX_BARE_REPLAYS=20 ONNXRUNTIME_EP_MLX_TRACE=$out/trace-$p.json \
           timed 200 "llm $p device" mlx-ep-run llm --preset "$p" --kv device --prompt 128 --steps 32 \
-          --json "/tmp/mlx-gpu/json/llm-$p-device.json" 2>&1 | grep -v "^  graph per run"
+          --json "/tmp/mlx-gpu/json/llm-$p-device.json" 2>&1 | cut -c1-200
         python3 gpu/trace_summary.py "$out/trace-$p.json"
       done
       for p in qwen2.5-0.5b-fp16 qwen2.5-0.5b; do
@@ -172,12 +226,16 @@ for s in "${sections[@]}"; do
         timed 60 "$m" mlx-ep-run run "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 --json "/tmp/mlx-gpu/json/$m-1.json" \
           | grep -E "first run|latency|  (CPU|MLX)ExecutionProvider: [0-9]|max abs"
         ONNXRUNTIME_EP_MLX_VERBOSE=1 ONNXRUNTIME_EP_MLX_BARE_REPLAYS=20 timed 30 "$m again" mlx-ep-run run \
-          "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 --json "/tmp/mlx-gpu/json/$m-2.json" 2>&1 \
-          | grep -E "first run|  (CPU|MLX)ExecutionProvider: [0-9]|bare compiled"
+          "/tmp/mlx-gpu/models/$m.onnx" --repeat 30 --io device --json "/tmp/mlx-gpu/json/$m-2.json" 2>&1 \
+          | grep -E "first run|  (CPU|MLX)ExecutionProvider(:|,)|bare compiled|EP's memory"
       done
       section "report: decoder qwen2.5-0.5b-fp16, growing KV"
       timed 90 "llm fp16 growing" mlx-ep-run llm --preset qwen2.5-0.5b-fp16 --kv growing --prompt 128 --steps 32 \
-        --json /tmp/mlx-gpu/json/llm-fp16-growing.json ;;
+        --json /tmp/mlx-gpu/json/llm-fp16-growing.json
+      section "report: the kernel caches"
+      for d in "$kernels" "$TMPDIR/mlx"; do
+        [ -d "$d" ] && echo "$d: $(find "$d" -type f | wc -l) files, $(du -sh "$d" | cut -f1)"
+      done ;;
     coldstart)
       # First runs on an empty kernel cache (MLX's and the CUDA driver's, fresh per mode), then
       # a second process, per compile mode: $MODES (default "fuse0 eager fuse1"): compiled

@@ -67,7 +67,7 @@ pub struct SessionStats {
     pub decode_runs: AtomicU64,
     /// Decode-slot runs whose guard failed (rerun through the shape-keyed slot).
     pub decode_guard_misses: AtomicU64,
-    /// Decode-slot runs of a split partition (an eager prologue, then a fixed-shape graph).
+    /// Decode-slot runs of a split partition (a prologue, then a fixed-shape graph).
     pub split_runs: AtomicU64,
     /// Values computed from constants (transposes, casts, repacks), each once per session.
     pub derived_constants: AtomicU64,
@@ -169,7 +169,29 @@ impl Drop for PhaseTimer<'_> {
     }
 }
 
+/// A named span inside a partition run (a part of a phase, or of the work between phases),
+/// recorded in the trace only (category "step"); nothing is timed without a tracer.
+pub struct Span<'a> {
+    tracer: Option<&'a Tracer>,
+    name: &'static str,
+    start: Option<Instant>,
+}
+
+impl Drop for Span<'_> {
+    fn drop(&mut self) {
+        if let (Some(t), Some(start)) = (self.tracer, self.start) {
+            t.record(self.name, "step", start, Instant::now(), serde_json::Value::Null);
+        }
+    }
+}
+
 impl SessionStats {
+    /// Starts a span named `name` (see [`Span`]).
+    pub fn span(&self, name: &'static str) -> Span<'_> {
+        let tracer = self.tracer.as_ref();
+        Span { tracer, name, start: tracer.map(|_| Instant::now()) }
+    }
+
     /// Statistics that also record a Chrome trace.
     pub fn with_tracer(tracer: Option<Tracer>) -> SessionStats {
         SessionStats { tracer, ..SessionStats::default() }
@@ -262,7 +284,7 @@ impl SessionStats {
         if Self::count(&self.split_runs) > 0 {
             let _ = writeln!(
                 s,
-                "  decode slot split: {} runs as an eager prologue (the growing inputs' nodes) and a fixed-shape graph",
+                "  decode slot split: {} runs as a prologue (the growing inputs' nodes, compiled shapeless) and a fixed-shape graph",
                 Self::count(&self.split_runs)
             );
         }
@@ -303,6 +325,9 @@ impl SessionStats {
             Self::count(&shared.reuses),
             Self::count(&shared.bytes_saved)
         );
+        if let Some(memory) = crate::ort_abi::device::allocation_summary() {
+            let _ = writeln!(s, "  {memory}");
+        }
         let phases: Vec<String> =
             Phase::ALL.iter().map(|&p| format!("{} {:.3} ms", p.name(), self.time(p).as_secs_f64() * 1e3)).collect();
         let _ = writeln!(s, "  time: {}", phases.join(", "));

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 const USAGE: &str = "usage: mlx-ep-run demo [--repeat N] [--json PATH]
        mlx-ep-run llm [--preset tiny|small|qwen2.5-0.5b] [--layers N] [--kv growing|shared|device] [--prompt N] [--steps N] [--json PATH]
-       mlx-ep-run run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]...
+       mlx-ep-run run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]... [--io host|device]
 The plugin is taken from $ORT_MLX_EP_LIB, ONNX Runtime from $ORT_DYLIB_PATH.";
 
 fn main() -> ExitCode {
@@ -43,6 +43,13 @@ fn run() -> Result<bool> {
                 let (k, v) = spec.split_once('=').ok_or("--dim needs NAME=VALUE")?;
                 opts.dims
                     .insert(k.to_owned(), v.parse().map_err(|_| format!("--dim {spec}: value is not an integer"))?);
+            }
+            "--io" => {
+                opts.device_io = match it.next().map(String::as_str) {
+                    Some("host") => false,
+                    Some("device") => true,
+                    _ => return Err("--io takes host or device".into()),
+                }
             }
             "--kv" => {
                 kv = match it.next().map(String::as_str) {

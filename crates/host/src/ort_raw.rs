@@ -106,3 +106,25 @@ pub fn device_tensor(
     // recorded in it (the environment's), the default handle only satisfies `ort`'s bookkeeping.
     Ok(unsafe { ort::value::DynValue::from_ptr(value, Some(&ort::memory::Allocator::default())) })
 }
+
+/// Copies each `src` tensor into the `dst` tensor of the same shape and type (ORT's
+/// `CopyTensors`, through the EPs' data transfers: host to device memory or back).
+pub fn copy_tensors(
+    env: &ort::environment::Environment,
+    src: &[&ort::value::DynValue],
+    dst: &[&ort::value::DynValue],
+) -> Result<()> {
+    if src.len() != dst.len() {
+        return Err(format!("{} tensors to copy into {}", src.len(), dst.len()).into());
+    }
+    let api = ort::api();
+    let from: Vec<*const ort_sys::OrtValue> = src.iter().map(|v| v.ptr()).collect();
+    let mut to: Vec<*const ort_sys::OrtValue> = dst.iter().map(|v| v.ptr()).collect();
+    check(
+        // SAFETY: live values of equal count; ORT checks shapes and types and copies in order.
+        unsafe {
+            (api.CopyTensors)(env.ptr().cast_mut(), from.as_ptr(), to.as_mut_ptr(), std::ptr::null_mut(), from.len())
+        },
+        "CopyTensors",
+    )
+}

@@ -37,11 +37,13 @@ pub struct Options {
     pub repeat: usize,
     pub dims: HashMap<String, i64>,
     pub seed: u64,
+    /// Also time the MLX EP with every input and output in its device memory (IOBinding).
+    pub device_io: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { repeat: 20, dims: HashMap::new(), seed: 7 }
+        Options { repeat: 20, dims: HashMap::new(), seed: 7, device_io: false }
     }
 }
 
@@ -54,6 +56,9 @@ pub struct EpRun {
     /// The first run: on MLX it builds and, with compilation on, compiles the graph.
     pub first_run_ms: f64,
     pub median_ms: f64,
+    /// With `--io device`: the median with inputs and outputs in the EP's device memory, and
+    /// the largest difference of those outputs (copied back) from the host-bound run's.
+    pub device_io: Option<(f64, f64)>,
     pub outputs: Vec<HostTensor>,
 }
 
@@ -128,7 +133,62 @@ fn run_on(source: &Source, ep: Ep, opts: &Options) -> Result<(EpRun, Vec<InputDe
     }
     times.sort_by(f64::total_cmp);
     let median_ms = times[times.len() / 2];
-    Ok((EpRun { ep, assignment, session_ms, first_run_ms, median_ms, outputs }, described))
+    let device_io = if opts.device_io && ep == Ep::Mlx {
+        Some(run_device_io(&mut session, &inputs, &outputs, opts.repeat)?)
+    } else {
+        None
+    };
+    Ok((EpRun { ep, assignment, session_ms, first_run_ms, median_ms, device_io, outputs }, described))
+}
+
+/// Runs `session` with its inputs copied once into the MLX EP's device memory and its outputs
+/// bound there (IOBinding), as an application keeping tensors on the GPU does; returns the
+/// median run time and the largest difference of the outputs (copied back) from `expected`.
+fn run_device_io(
+    session: &mut Session,
+    inputs: &[(String, ort::value::DynValue)],
+    expected: &[HostTensor],
+    repeat: usize,
+) -> Result<(f64, f64)> {
+    let env = crate::environment()?;
+    let device = env.devices().find(|d| d.ep().is_ok_and(|n| n == MLX_EP)).ok_or("the MLX EP offers no device")?;
+    let on_device = |ty, shape: &[i64]| crate::ort_raw::device_tensor(env, &device, ty, shape);
+    let mut device_inputs = Vec::with_capacity(inputs.len());
+    for (name, v) in inputs {
+        let ort::value::ValueType::Tensor { ty, shape, .. } = v.dtype() else {
+            return Err(format!("input '{name}' is not a tensor").into());
+        };
+        let d = on_device(*ty, shape)?;
+        crate::ort_raw::copy_tensors(env, &[v], &[&d])?;
+        device_inputs.push((name, d));
+    }
+    let mut device_outputs = Vec::with_capacity(expected.len());
+    for e in expected {
+        device_outputs.push((e.name.clone(), on_device(e.elem_type, &e.shape)?));
+    }
+    let mut binding = session.create_binding()?;
+    for (name, d) in &device_inputs {
+        binding.bind_input(name.as_str(), d)?;
+    }
+    for (name, d) in device_outputs.iter_mut() {
+        binding.bind_output(name.as_str(), d)?;
+    }
+    session.run_binding(&binding)?;
+    let mut times = Vec::with_capacity(repeat);
+    for _ in 0..repeat.max(1) {
+        let t = Instant::now();
+        session.run_binding(&binding)?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    let mut max_diff = 0f64;
+    for (e, (_, d)) in expected.iter().zip(&device_outputs) {
+        let host = values::tensor_from_f64(e.elem_type, &e.shape, &vec![0.0; e.values.len()])?;
+        crate::ort_raw::copy_tensors(env, &[d], &[&host])?;
+        let back = values::run_output(&e.name, &host)?;
+        max_diff = max_diff.max(values::compare(&back, e)?.0);
+    }
+    Ok((times[times.len() / 2], max_diff))
 }
 
 /// Runs the model on both EPs and compares them.
@@ -201,6 +261,12 @@ pub fn print(report: &Report) {
         report.mlx.median_ms,
         report.mlx.median_ms / report.cpu.median_ms
     );
+    if let Some((ms, diff)) = report.mlx.device_io {
+        println!(
+            "  {MLX_EP}, inputs and outputs in its device memory: {ms:.3} ms  ({:.2}x the CPU EP's time; outputs differ from the host-bound run's by at most {diff:.3e})",
+            ms / report.cpu.median_ms
+        );
+    }
     println!("\noutputs, MLX EP vs CPU EP:");
     for d in &report.diffs {
         println!(
@@ -222,6 +288,8 @@ pub fn to_json(report: &Report) -> serde_json::Value {
             "median_ms": r.median_ms,
             "session_ms": r.session_ms,
             "first_run_ms": r.first_run_ms,
+            "device_io_median_ms": r.device_io.map(|(ms, _)| ms),
+            "device_io_max_abs_diff": r.device_io.map(|(_, d)| d),
             "assignment": r.assignment.iter().map(|a| json!({
                 "ep": a.ep,
                 "nodes": a.nodes.iter().map(|n| json!({"name": n.name, "domain": n.domain, "op_type": n.op_type})).collect::<Vec<_>>(),

@@ -163,6 +163,11 @@ pub fn run(session: &mut Session, inputs: &[(String, DynValue)]) -> Result<Vec<H
     Ok(out)
 }
 
+/// A host tensor's values, read as [`run`] reads an output.
+pub fn run_output(name: &str, value: &DynValue) -> Result<HostTensor> {
+    widen(name, &value.view())
+}
+
 fn widen(name: &str, value: &ort::value::DynValueRef<'_>) -> Result<HostTensor> {
     let ValueType::Tensor { ty, .. } = value.dtype() else {
         return Err(format!("output '{name}' is not a tensor").into());

@@ -98,7 +98,7 @@ fn a_shared_kv_buffer_receives_only_the_new_rows() {
     // second step of each generation on (the first follows the prompt, whose token count it
     // shrinks) every step runs the split decode slot (the mask's nodes eagerly, then one
     // fixed-shape graph); the first steps the shapeless one.
-    assert_eq!(counter(&stderr, "runs as an eager prologue"), GENERATIONS * (steps - 1), "{stderr}");
+    assert_eq!(counter(&stderr, "runs as a prologue"), GENERATIONS * (steps - 1), "{stderr}");
     assert_eq!(counter(&stderr, "in the decode slot"), GENERATIONS, "{stderr}");
     assert_eq!(counter(&stderr, "traces,"), 3, "the prompt's, the first step's, the later steps': {stderr}");
 }

@@ -296,6 +296,7 @@ impl Plan {
             }
             traced_with_fusion(fused, || traced.closure.apply(inputs))?
         } else {
+            let _span = self.stats.span("apply");
             traced.closure.apply(inputs)
         }
         .map_err(Error::from)?;
@@ -341,6 +342,7 @@ impl Plan {
         let mut extra = outputs.split_off(n);
         let mut write_backs = Vec::with_capacity(updates);
         if updates > 0 {
+            let _span = self.stats.span("rows");
             let starts_all = extra.pop().expect("counted above");
             let groups = extra.split_off(updates);
             // One read of every start (and flag), one host pointer per packed array (see

@@ -177,12 +177,29 @@ impl Translation {
             if !(write_backs.is_empty() && rows_at.is_empty()) {
                 return Err(Error::new("a node of the prologue updates an input in place"));
             }
-            // Its guards and data checks are read here (a few elements): where one fails, the
-            // split graph does not serve this run, told by no boundary values.
+            // Its guards and data checks are read here (a few elements), in one evaluation
+            // with the boundary values: where one fails, the split graph does not serve this
+            // run, told by no boundary values.
+            let boundary = split
+                .boundary
+                .iter()
+                .map(|&v| values[v].clone().ok_or_else(|| Error::new("a boundary value was not produced")));
+            let outputs = boundary.collect::<Result<Vec<_>>>()?;
+            let mut conds = Vec::with_capacity(guards.len() + checks.len());
             for cond in guards.iter().chain(checks.iter().map(|c| &c.cond)) {
                 let axes: Vec<i32> = (0..cond.ndim() as i32).collect();
                 let all = mlx::ops::all_axes(&mlx::ops::astype(cond, Dtype::Bool, stream)?, &axes, false, stream)?;
-                if !all.to_vec::<bool>(stream)?.first().copied().unwrap_or(false) {
+                conds.push(mlx::ops::reshape(&all, &[1], stream)?);
+            }
+            let cond = if conds.is_empty() { None } else { Some(mlx::ops::concatenate(&conds, 0, stream)?) };
+            if tracing {
+                // Traced (the compiled prologue): the conditions travel as the flags, read by
+                // the caller with the boundary values.
+                return Ok(Built { outputs, write_backs, rows_at, flags: cond, meta: Flags::default() });
+            }
+            if let Some(cond) = cond {
+                mlx::VectorArray::from_arrays(std::iter::once(&cond).chain(&outputs))?.eval()?;
+                if !cond.to_vec::<bool>(stream)?.iter().all(|&ok| ok) {
                     return Ok(Built {
                         outputs: Vec::new(),
                         write_backs,
@@ -192,11 +209,6 @@ impl Translation {
                     });
                 }
             }
-            let boundary = split
-                .boundary
-                .iter()
-                .map(|&v| values[v].clone().ok_or_else(|| Error::new("a boundary value was not produced")));
-            let outputs = boundary.collect::<Result<Vec<_>>>()?;
             return Ok(Built { outputs, write_backs, rows_at, flags: None, meta: Flags::default() });
         }
         let mut results = Vec::with_capacity(self.outputs.len());

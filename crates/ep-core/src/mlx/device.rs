@@ -431,7 +431,7 @@ impl DeviceBuffer {
 pub unsafe fn copy_bytes_many(copies: &[(*mut u8, *const u8, usize)]) -> Result<()> {
     if is_cuda() {
         // SAFETY: per the caller.
-        return unsafe { cuda::copy(copies) };
+        return unsafe { super::cuda::copy(copies) };
     }
     for &(dst, src, n) in copies {
         if n > 0 {
@@ -442,107 +442,16 @@ pub unsafe fn copy_bytes_many(copies: &[(*mut u8, *const u8, usize)]) -> Result<
     Ok(())
 }
 
-/// The few CUDA driver calls a copy needs, from the `libcuda.so.1` MLX's CUDA backend loads.
-mod cuda {
-    use super::{MlxError, Result};
-    use std::ffi::c_void;
-    use std::sync::OnceLock;
-
-    type CuResult = i32;
-    struct Driver {
-        _lib: libloading::Library,
-        memcpy_async: unsafe extern "C" fn(u64, u64, usize, *mut c_void) -> CuResult,
-        stream_create: unsafe extern "C" fn(*mut *mut c_void, u32) -> CuResult,
-        stream_synchronize: unsafe extern "C" fn(*mut c_void) -> CuResult,
-        ctx_get_current: unsafe extern "C" fn(*mut *mut c_void) -> CuResult,
-        ctx_set_current: unsafe extern "C" fn(*mut c_void) -> CuResult,
-        primary_ctx_retain: unsafe extern "C" fn(*mut *mut c_void, i32) -> CuResult,
+/// Sets `n` bytes at `dst` (MLX memory or host memory) to zero; returns when done.
+///
+/// # Safety
+/// The range must be valid for `n` bytes and no MLX work may be using it.
+pub unsafe fn zero_bytes(dst: *mut u8, n: usize) -> Result<()> {
+    if is_cuda() {
+        // SAFETY: per the caller.
+        return unsafe { super::cuda::zero(dst, n) };
     }
-
-    /// `CU_STREAM_NON_BLOCKING`: the copies' stream does not wait on the legacy default
-    /// stream (nor it on them).
-    const STREAM_NON_BLOCKING: u32 = 1;
-
-    fn driver() -> Result<&'static Driver> {
-        static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
-        DRIVER
-            .get_or_init(|| {
-                // SAFETY: loading the CUDA driver MLX already loaded runs no new initialisers;
-                // the symbols are the driver API's, with these C signatures.
-                unsafe {
-                    let lib = libloading::Library::new("libcuda.so.1").map_err(|e| e.to_string())?;
-                    let memcpy_async = *lib.get(b"cuMemcpyAsync\0").map_err(|e| e.to_string())?;
-                    let stream_create = *lib.get(b"cuStreamCreate\0").map_err(|e| e.to_string())?;
-                    let stream_synchronize = *lib.get(b"cuStreamSynchronize\0").map_err(|e| e.to_string())?;
-                    let ctx_get_current = *lib.get(b"cuCtxGetCurrent\0").map_err(|e| e.to_string())?;
-                    let ctx_set_current = *lib.get(b"cuCtxSetCurrent\0").map_err(|e| e.to_string())?;
-                    let primary_ctx_retain = *lib.get(b"cuDevicePrimaryCtxRetain\0").map_err(|e| e.to_string())?;
-                    Ok(Driver {
-                        _lib: lib,
-                        memcpy_async,
-                        stream_create,
-                        stream_synchronize,
-                        ctx_get_current,
-                        ctx_set_current,
-                        primary_ctx_retain,
-                    })
-                }
-            })
-            .as_ref()
-            .map_err(|e| MlxError(format!("the CUDA driver could not be loaded: {e}")))
-    }
-
-    /// # Safety
-    /// As for [`super::copy_bytes_many`].
-    pub(super) unsafe fn copy(copies: &[(*mut u8, *const u8, usize)]) -> Result<()> {
-        let d = driver()?;
-        // SAFETY: driver calls with valid out-pointers; the primary context of device 0 is the
-        // one MLX's runtime uses; the ranges are valid per the caller.
-        unsafe {
-            let mut ctx: *mut c_void = std::ptr::null_mut();
-            if (d.ctx_get_current)(&mut ctx) != 0 || ctx.is_null() {
-                let rc = (d.primary_ctx_retain)(&mut ctx, 0);
-                if rc != 0 || (d.ctx_set_current)(ctx) != 0 {
-                    return Err(MlxError(format!("no CUDA context for a copy (error {rc})")));
-                }
-            }
-            // All copies queued on the EP's own stream, then one wait: a copy per call with a
-            // synchronisation each cost tens of microseconds apiece (a decode step writes two
-            // rows per layer).
-            let stream = copy_stream(d)?;
-            let mut queued = Ok(());
-            for &(dst, src, n) in copies {
-                if n == 0 {
-                    continue;
-                }
-                let rc = (d.memcpy_async)(dst as u64, src as u64, n, stream);
-                if rc != 0 {
-                    queued = Err(MlxError(format!("cuMemcpyAsync of {n} bytes failed with CUDA error {rc}")));
-                    break;
-                }
-            }
-            // Waited for even after a failed queueing: no copy may still run when this returns.
-            let rc = (d.stream_synchronize)(stream);
-            queued?;
-            if rc != 0 {
-                return Err(MlxError(format!("cuStreamSynchronize failed with CUDA error {rc}")));
-            }
-        }
-        Ok(())
-    }
-
-    /// The stream the EP's copies run on, created once in the current (primary) context.
-    fn copy_stream(d: &Driver) -> Result<*mut c_void> {
-        static STREAM: OnceLock<std::result::Result<usize, i32>> = OnceLock::new();
-        let made = STREAM.get_or_init(|| {
-            let mut s: *mut c_void = std::ptr::null_mut();
-            // SAFETY: a valid out-pointer; the caller made the primary context current.
-            let rc = unsafe { (d.stream_create)(&mut s, STREAM_NON_BLOCKING) };
-            if rc == 0 { Ok(s as usize) } else { Err(rc) }
-        });
-        match made {
-            Ok(s) => Ok(*s as *mut c_void),
-            Err(rc) => Err(MlxError(format!("cuStreamCreate failed with CUDA error {rc}"))),
-        }
-    }
+    // SAFETY: per the caller.
+    unsafe { std::ptr::write_bytes(dst, 0, n) };
+    Ok(())
 }

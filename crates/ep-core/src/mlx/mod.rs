@@ -11,6 +11,7 @@
 
 mod array;
 mod closure;
+mod cuda;
 pub mod device;
 mod dtype;
 mod fast;

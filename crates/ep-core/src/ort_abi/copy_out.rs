@@ -22,6 +22,7 @@ pub(super) fn write_outputs(
     // Every copy of the run is queued and done at once at the end (one wait on a GPU); the
     // arrays copied from are held until then.
     let mut copies: Vec<(*mut u8, *const u8, usize)> = Vec::new();
+    let mut row_copies: Vec<(*mut u8, *const u8, usize)> = Vec::new();
     let mut held: Vec<mlx::Array> = Vec::new();
     for (i, (array, out)) in run.outputs.iter().zip(plan.outputs()).enumerate() {
         let shape = array.shape();
@@ -35,7 +36,10 @@ pub(super) fn write_outputs(
         if let Some(wb) = run.write_backs.iter().find(|wb| wb.output == out.name)
             && tensor_bytes(values[wb.input])?.0 == data
         {
-            let written = copy_rows(wb, data, size, &mut copies)?;
+            let written = {
+                let _span = plan.stats().span("to-host");
+                copy_rows(wb, data, size, &mut row_copies)?
+            };
             plan.stats().written_back_bytes.fetch_add(written as u64, Ordering::Relaxed);
             plan.stats().aliased_bytes_not_copied.fetch_add((size - written) as u64, Ordering::Relaxed);
             continue;
@@ -62,6 +66,7 @@ pub(super) fn write_outputs(
             plan.stats().copied_out_bytes.fetch_add(size as u64, Ordering::Relaxed);
             continue;
         }
+        let _span = plan.stats().span("to-host");
         let dense = match array.host_bytes() {
             Some(_) => array.clone(),
             None => {
@@ -88,11 +93,23 @@ pub(super) fn write_outputs(
         }
         plan.stats().copied_out_bytes.fetch_add(size as u64, Ordering::Relaxed);
     }
-    // SAFETY: each destination is an output buffer ORT allocated with the bytes copied (checked
-    // above), each source an evaluated result's memory (held, distinct from the outputs) or
-    // rows of an in-place update within their packed array; no two destinations overlap (each
-    // is its own output, or distinct rows of one).
-    unsafe { copy_many(&copies) }.map_err(|e| Error::new(format!("copying the outputs: {e}")))?;
+    let rows = row_copies.len();
+    row_copies.extend(copies);
+    let copies = row_copies;
+    // Traced, the rows written in place and the other outputs are copied apart, each batch
+    // timed (one more wait).
+    let batches = match plan.stats().tracer() {
+        Some(_) => vec![("copies-rows", &copies[..rows]), ("copies-out", &copies[rows..])],
+        None => vec![("copies", &copies[..])],
+    };
+    for (name, batch) in batches {
+        let _span = plan.stats().span(name);
+        // SAFETY: each destination is an output buffer ORT allocated with the bytes copied
+        // (checked above), each source an evaluated result's memory (held, distinct from the
+        // outputs) or rows of an in-place update within their packed array; no two
+        // destinations overlap (each is its own output, or distinct rows of one).
+        unsafe { copy_many(batch) }.map_err(|e| Error::new(format!("copying the outputs: {e}")))?;
+    }
     drop(held);
     Ok(())
 }

@@ -205,7 +205,7 @@ fn updates_of_constants_are_plain_outputs() {
 }
 
 /// `m [1, T]` (growing, an attention mask) -> ReduceSum -> `s`; `x [1, 4]` multiplied by `s`
-/// and then by itself three times: the decode slot splits off the sum as an eager prologue
+/// and then by itself three times: the decode slot splits off the sum as a compiled prologue
 /// and replays one fixed-shape graph for the rest, whatever `T`.
 #[test]
 fn a_small_growing_input_is_split_off_and_the_rest_replays_one_fixed_shape_graph() {
@@ -233,4 +233,70 @@ fn a_small_growing_input_is_split_off_and_the_rest_replays_one_fixed_shape_graph
     assert_eq!(count(&stats.traces), 2, "{}", stats.summary());
     assert_eq!((count(&stats.split_runs), count(&stats.decode_runs)), (5, 0));
     assert!(stats.summary().contains("decode slot split: 5 runs"), "{}", stats.summary());
+}
+
+/// [`SumAxis1`] with its input checked to hold no negative value (a failed check fails the
+/// run).
+struct SumAxis1Checked;
+impl Lowering for SumAxis1Checked {
+    fn op_type(&self) -> &'static str {
+        "SumChecked"
+    }
+    fn opsets(&self) -> std::ops::RangeInclusive<i32> {
+        1..=i32::MAX
+    }
+    fn claim(&self, _: &NodeInfo) -> std::result::Result<(), Decline> {
+        Ok(())
+    }
+    fn lower(&self, ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+        let (m, s) = (ctx.input(0)?.clone(), ctx.stream());
+        let zero = mlx::ops::scalar(0.0, m.dtype(), s)?;
+        let ok = mlx::ops::greater_equal(&m, &zero, s)?;
+        ctx.check(&ok, "a negative mask value")?;
+        REDUCE_SUM.lower(ctx, node)
+    }
+    fn growth(&self, q: &crate::growth::GrowthQuery<'_>) -> crate::growth::GrowthResult {
+        crate::growth::reduction(q, &[1], 2)
+    }
+}
+static SUM_CHECKED: SumAxis1Checked = SumAxis1Checked;
+
+/// The split's prologue (compiled) carries its nodes' data checks: a run whose growing input
+/// fails one is handed to the shapeless slot, which fails it naming the node; the next good
+/// run is served by the split again.
+#[test]
+fn a_failed_check_in_the_split_prologue_fails_that_run_only() {
+    let _g = mlx::lock();
+    let registry = Registry::build(&[&SUM_CHECKED, &MUL]).unwrap();
+    let stats = Arc::new(SessionStats::default());
+    let mut sum = node("SumChecked", ["m", "m"], "s");
+    sum.inputs.truncate(1);
+    let mut nodes = vec![sum];
+    for (k, (a, out)) in [("x", "a"), ("a", "b"), ("b", "c"), ("c", "y")].into_iter().enumerate() {
+        let mut n = node("Mul", [a, if k == 0 { "s" } else { "x" }], out);
+        n.name = format!("mul{k}");
+        nodes.push(n);
+    }
+    let plan = make_plan(&registry, nodes, &["x", "m"], &["y"], vec![], &stats, true).unwrap();
+    let x = [1.0f32, 2.0, -1.0, 0.5];
+    let run = |m: &[f32]| {
+        let inputs = vec![Array::from_slice(&x, &[1, 4]).unwrap(), Array::from_slice(m, &[1, m.len() as i64]).unwrap()];
+        plan.run(inputs).map(|r| r.outputs[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap())
+    };
+    let expect = |m: &[f32]| {
+        let s: f32 = m.iter().sum();
+        x.iter().map(|v| v * s * v * v * v).collect::<Vec<_>>()
+    };
+    for t in 2..6 {
+        let m: Vec<f32> = (0..t).map(|i| (i % 3) as f32).collect();
+        assert_eq!(run(&m).unwrap(), expect(&m), "length {t}");
+    }
+    assert_eq!(count(&stats.split_runs), 3, "{}", stats.summary());
+    let bad: Vec<f32> = vec![1.0, 0.0, -2.0, 1.0, 1.0, 1.0];
+    let err = run(&bad).expect_err("a negative mask value fails the run");
+    assert!(err.0.contains("SumChecked_node") && err.0.contains("a negative mask value"), "{err}");
+    assert_eq!(count(&stats.split_runs), 3, "the failed run was not the split's");
+    let good: Vec<f32> = vec![1.0; 7];
+    assert_eq!(run(&good).unwrap(), expect(&good));
+    assert_eq!(count(&stats.split_runs), 4, "the split serves the next good run: {}", stats.summary());
 }
