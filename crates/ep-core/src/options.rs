@@ -251,7 +251,7 @@ pub const HOST_COPY: Setting = Setting {
     kind: Kind::Choice(&["staged", "direct", "kernel"]),
     default: "staged",
     process_wide: true,
-    doc: "on CUDA, how copies of 16 KiB or more between host memory and the EP's memory run: `staged` through a pinned host buffer (on an H100 a YOLO-class detector's host-bound run took 4.8 ms against 6.1 ms `direct` and 6.6 ms `kernel`), `direct` one driver copy each, `kernel` through the pinned buffer by the EP's copy kernel",
+    doc: "on CUDA, how copies of 16 KiB or more between host memory and the EP's memory run: `staged` through a pinned host buffer, `direct` one driver copy each, `kernel` through the pinned buffer by the EP's copy kernel (on an H100 the three measured alike within the run-to-run noise: see the README's GPU figures)",
 };
 
 pub const TEST_GPU_FORMS: Setting = Setting {
