@@ -80,6 +80,7 @@ pub fn run(args: &[String]) -> Result {
         ("The EP's memory as a device: allocator, data transfer, IOBinding, options", "check_device_memory.py"),
         ("Soak and churn: 10,000 runs, 100 session cycles, 50 shapes; memory flat", "check_soak.py"),
         ("Dynamically quantized T5/BERT models against the CPU EP", "check_quantized_models.py"),
+        ("QDQ weights (8 and 4 bits) multiplied as MLX's quantized matmul", "check_qdq_weights.py"),
         (
             "Control flow: Scan, a VAD-shaped and an audio front-end model as one MLX partition each",
             "check_control_flow.py",

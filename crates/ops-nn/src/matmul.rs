@@ -57,7 +57,16 @@ impl Lowering for MatMul {
     }
 
     fn lower(&self, ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
-        check_batch_broadcast(&ctx.input(0)?.shape(), &ctx.input(1)?.shape())?;
+        let (a, b) = (ctx.input(0)?.shape(), ctx.input(1)?.shape());
+        check_batch_broadcast(&a, &b)?;
+        // A weight its producer published in MLX's quantized form (a DequantizeLinear of a
+        // constant): multiplied as it is stored, not dequantized.
+        if let Some(w) = ctx.affine_weight(1)
+            && b == [w.k, w.n]
+            && a.last() == Some(&w.k)
+        {
+            return Ok(vec![w.matmul(ctx.input(0)?, ctx.stream())?]);
+        }
         Ok(vec![ops::matmul(ctx.input(0)?, ctx.input(1)?, ctx.stream())?])
     }
 

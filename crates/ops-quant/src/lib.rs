@@ -9,6 +9,7 @@
 //! (`conformance_spec::register_spec!`, behind the `conformance` feature).
 #![forbid(unsafe_code)]
 
+mod affine_weight;
 mod gather_block_quantized;
 mod matmul_bnb4;
 mod matmul_integer16;

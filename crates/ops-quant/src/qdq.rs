@@ -146,7 +146,11 @@ fn lower_dequantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
         v = ops::subtract(&v, &broadcast_param(&f32(zp, s)?, &shape, axis, block, s)?, s)?;
     }
     let scale = broadcast_param(&f32(ctx.input(1)?, s)?, &shape, axis, block, s)?;
-    Ok(vec![ops::astype(&ops::multiply(&v, &scale, s)?, out, s)?])
+    let y = ops::astype(&ops::multiply(&v, &scale, s)?, out, s)?;
+    // (An optimisation for the MatMul that may read it: a weight it cannot repack is simply
+    // not published, and that MatMul multiplies `y`.)
+    let _ = crate::affine_weight::publish(ctx, node, axis, block, out);
+    Ok(vec![y])
 }
 
 /// The representable range of an output type (int4/uint4 held as int8/uint8).
@@ -580,7 +584,63 @@ pub(crate) mod spec {
                 case.attr_int("axis", axis).output("y", DType::F32, &shape).with_seed(seed)
             })
             .boxed()
+            .prop_union(qdq_matmul())
+            .boxed()
     });
+
+    /// A weight-quantized MatMul as QDQ exports write it: `x @ DequantizeLinear(w)` with `w` a
+    /// constant `[K, N]` of 8 bits per tensor, per column or in blocks of 32/64/128 along K,
+    /// which the MLX EP multiplies as MLX's quantized matmul (see `affine_weight.rs`).
+    fn qdq_matmul() -> BoxedStrategy<Case> {
+        let dims = (1..=6usize, 1..=24i64, shape(0..=2));
+        (qtype(), dtype_of(&[DType::F32, DType::F16]), dims, 0..3u8, 0..3usize, any::<bool>(), seed())
+            .prop_map(|(t, xt, (kk, n, lead), form, b, zp, seed)| {
+                let k = 32 * kk as i64;
+                let block = [32i64, 64, 128][b];
+                let block = if k % block == 0 { block } else { 32 };
+                let (axis, block, p) = match form {
+                    0 => (1, 0, vec![]),
+                    1 => (1, 0, vec![n]),
+                    _ => (0, block, vec![k / block, n]),
+                };
+                let opset = if block > 0 { 21 } else { 19 };
+                let mut case = Case::op("DequantizeLinear", opset).constant("w", t, &[k, n], full_range(t)).constant(
+                    "scale",
+                    xt,
+                    &p,
+                    Values::Uniform { lo: 0.001, hi: 0.02 },
+                );
+                if zp {
+                    case = case.constant("zero_point", t, &p, full_range(t));
+                }
+                if block > 0 {
+                    case = case.attr_int("block_size", block);
+                }
+                let mut case = case.attr_int("axis", axis).output("wf", xt, &[k, n]).with_seed(seed);
+                let mut x_shape = lead.clone();
+                x_shape.push(k);
+                let mut y_shape = lead;
+                y_shape.push(n);
+                case.outputs.clear();
+                case.inputs.push(conformance_spec::TensorSpec {
+                    name: "x".into(),
+                    dtype: xt,
+                    shape: x_shape,
+                    values: Values::Uniform { lo: -1.0, hi: 1.0 },
+                });
+                case.nodes.push(conformance_spec::NodeSpec {
+                    domain: String::new(),
+                    op: "MatMul".into(),
+                    name: "matmul".into(),
+                    inputs: vec!["x".into(), "wf".into()],
+                    outputs: vec!["y".into()],
+                    attributes: Vec::new(),
+                });
+                case.outputs.push(("y".into(), xt, y_shape));
+                case
+            })
+            .boxed()
+    }
 
     register_spec!(super::QUANTIZE_LINEAR, || {
         (qtype(), dtype_of(&[DType::F32, DType::F16]), layout(), seed())

@@ -168,7 +168,7 @@ fn run_ep(
     stage(&format!("{tag}-session"));
     let session = model::build(case)
         .map_err(|e| format!("building the model: {e}"))
-        .and_then(|m| m.into_session(&session_builder(ep).map_err(|e| e.to_string())?).map_err(|e| e.to_string()));
+        .and_then(|m| m.into_session(&crate::builder_for(ep).map_err(|e| e.to_string())?).map_err(|e| e.to_string()));
     let mut session = match session {
         Ok(s) => s,
         Err(e) => return (EpResult::refused(e), Vec::new()),

@@ -34,7 +34,14 @@ pub(super) struct DecodeState {
     pub(super) boundary_shapes: Option<Vec<Vec<i64>>>,
     pub(super) split_cache: CompiledCache,
     /// The split's prologue compiled (see [`Plan::run_split`]), or why it runs eagerly.
-    pub(super) prologue: Option<std::result::Result<Arc<Closure>, String>>,
+    pub(super) prologue: Option<Prologue>,
+}
+
+/// How a split's prologue runs: compiled for the key of the inputs' other dimensions (and
+/// whether it ran once), or eagerly (the reason is among the session's fallbacks).
+pub(super) enum Prologue {
+    Compiled(InputKey, Arc<Closure>, bool),
+    Eager,
 }
 
 /// A partition's split, or why it has none.
@@ -244,25 +251,58 @@ impl Plan {
     /// work on an H100. Where MLX refuses the compiled prologue, it is built eagerly from then
     /// on.
     fn run_prologue(&self, split: &Arc<Split>, inputs: &[Array]) -> Result<Option<Vec<Array>>> {
+        // MLX keys a shapeless closure by ranks and dtypes alone; lowerings are shape-agnostic
+        // only along the growing dimensions, so every other dimension keys the closure here.
         let compiled = {
             let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
+            let growing = st.split.as_ref().map(|(g, _)| g.clone()).unwrap_or_default();
+            let key: InputKey = inputs
+                .iter()
+                .enumerate()
+                .map(|(i, a)| {
+                    let grows = |d: usize| growing.get(i).and_then(|g| g.get(d)).copied().unwrap_or(false);
+                    let dims = a.shape().into_iter().enumerate().map(|(d, n)| if grows(d) && n > 1 { -1 } else { n });
+                    (a.dtype(), dims.collect())
+                })
+                .collect();
             match &st.prologue {
-                Some(Ok(c)) => Some(Arc::clone(c)),
-                Some(Err(_)) => None,
-                None => {
+                Some(Prologue::Eager) => None,
+                Some(Prologue::Compiled(k, c, _)) if *k == key => Some(Arc::clone(c)),
+                _ => {
                     let made = prologue_closure(&self.translation, split).map(Arc::new);
-                    st.prologue = Some(made.as_ref().map(Arc::clone).map_err(|e| e.0.clone()));
+                    st.prologue = Some(match &made {
+                        Ok(c) => Prologue::Compiled(key, Arc::clone(c), false),
+                        Err(e) => {
+                            let name = &self.translation.name;
+                            self.stats
+                                .record_fallback(format!("partition {name}: the split's prologue runs eagerly: {e}"));
+                            Prologue::Eager
+                        }
+                    });
                     made.ok()
                 }
             }
         };
         if let Some(closure) = compiled {
             match self.apply_prologue(&closure, split, inputs) {
-                Ok(boundary) => return Ok(boundary),
+                Ok(boundary) => {
+                    if let Some(Prologue::Compiled(_, _, ran)) =
+                        &mut self.decode.lock().unwrap_or_else(|p| p.into_inner()).prologue
+                    {
+                        *ran = true;
+                    }
+                    return Ok(boundary);
+                }
                 Err(e) => {
-                    let name = &self.translation.name;
-                    self.stats.record_fallback(format!("partition {name}: the split's prologue runs eagerly: {e}"));
-                    self.decode.lock().unwrap_or_else(|p| p.into_inner()).prologue = Some(Err(e.0));
+                    // A closure that never ran (MLX refused its trace) is given up; one that
+                    // ran before fails this run only (an evaluation error, out of memory say),
+                    // which the eager prologue below serves.
+                    let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(Prologue::Compiled(_, _, false)) = st.prologue {
+                        let name = &self.translation.name;
+                        self.stats.record_fallback(format!("partition {name}: the split's prologue runs eagerly: {e}"));
+                        st.prologue = Some(Prologue::Eager);
+                    }
                 }
             }
         }

@@ -138,7 +138,13 @@ impl Translation {
                 shapeless,
                 scope.as_ref(),
             )
-            .with_sources(node.inputs.iter().map(|src| format!("{src:?}")).collect(), Some(&memo));
+            .with_sources(node.inputs.iter().map(|src| format!("{src:?}")).collect(), Some(&memo))
+            .with_output_keys(
+                node.outputs
+                    .iter()
+                    .map(|o| o.map_or_else(String::new, |v| format!("{:?}", Source::Value(v))))
+                    .collect(),
+            );
             let results =
                 node.lowering.lower(&mut ctx, info).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;
             guards.extend(ctx.take_guards());

@@ -336,7 +336,9 @@ unsafe fn grow_staging(d: &Driver, pinned: &mut Pinned, need: usize) -> Result<(
 }
 
 /// Whether a kernel can read and write `p` where it is: managed or device memory (pageable
-/// host memory, which the driver does not know, is not).
+/// host memory, which the driver does not know, is not). Only pointers the driver vouches for
+/// reach the copy kernel: a bad address there would leave the context (MLX's too) in a sticky
+/// error, where a driver copy returns one.
 fn on_device(d: &Driver, p: *mut u8) -> bool {
     let mut managed: u32 = 0;
     let mut kind: u32 = 0;

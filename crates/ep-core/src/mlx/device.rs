@@ -423,11 +423,12 @@ impl DeviceBuffer {
 
 /// Copies each `(dst, src, n)`: `n` bytes from `src` to `dst`, either of which may be MLX
 /// memory or host memory. On CUDA the copies run on the device where both sides are there,
-/// and the call returns when all are done.
+/// and the call returns when all are done. The copies of one call run in no particular order
+/// (some on the device, some through a pinned buffer on the host).
 ///
 /// # Safety
-/// Every range must be valid for its `n` bytes, no destination may overlap another range, and
-/// no MLX work may be writing any of them while the copies run.
+/// Every range must be valid for its `n` bytes, no destination may overlap another range
+/// (source or destination), and no MLX work may be writing any of them while the copies run.
 pub unsafe fn copy_bytes_many(copies: &[(*mut u8, *const u8, usize)]) -> Result<()> {
     if is_cuda() {
         // SAFETY: per the caller.
@@ -442,10 +443,10 @@ pub unsafe fn copy_bytes_many(copies: &[(*mut u8, *const u8, usize)]) -> Result<
     Ok(())
 }
 
-/// Sets `n` bytes at `dst` (MLX memory or host memory) to zero; returns when done.
+/// Sets `n` bytes of MLX memory at `dst` (a [`DeviceBuffer`]'s) to zero; returns when done.
 ///
 /// # Safety
-/// The range must be valid for `n` bytes and no MLX work may be using it.
+/// The range must be MLX memory valid for `n` bytes, and no MLX work may be using it.
 pub unsafe fn zero_bytes(dst: *mut u8, n: usize) -> Result<()> {
     if is_cuda() {
         // SAFETY: per the caller.

@@ -23,6 +23,9 @@
 //! attributes) and says why it declines anything else; `lower` only builds MLX graph nodes
 //! (no evaluation, no IO) and returns one array per node output, in order.
 
+mod facts;
+pub use facts::{AffineWeight, SharedValues};
+
 use crate::error::{Error, Result};
 use crate::graph::NodeInfo;
 use crate::growth::{GrowthQuery, GrowthResult};
@@ -162,12 +165,9 @@ pub struct LowerCtx<'a> {
     /// values lowerings share within one build (see [`LowerCtx::shared`]).
     sources: Vec<String>,
     memo: Option<&'a SharedValues>,
+    /// Per output, which value of the partition it is (the key its consumers' `sources` hold).
+    output_keys: Vec<String>,
 }
-
-/// Values computed once per build of a partition's graph and reused by every node that asks
-/// for them from the same inputs (see [`LowerCtx::shared`]).
-#[derive(Default)]
-pub struct SharedValues(std::cell::RefCell<std::collections::HashMap<String, Vec<Array>>>);
 
 /// What the engine lends a lowering beyond its inputs; implemented by the engine (`exec`), so
 /// this contract depends on nothing above it.
@@ -261,40 +261,20 @@ impl<'a> LowerCtx<'a> {
             scope,
             sources: Vec::new(),
             memo: None,
+            output_keys: Vec::new(),
         }
     }
 
-    /// Which partition value each input is, and the build's shared values.
+    /// Which partition value each input and each output is, and the build's shared values.
     pub(crate) fn with_sources(mut self, sources: Vec<String>, memo: Option<&'a SharedValues>) -> LowerCtx<'a> {
         self.sources = sources;
         self.memo = memo;
         self
     }
 
-    /// Arrays that depend only on the inputs `of` (and on what `tag` names), built once per
-    /// build of the partition's graph: every node whose inputs `of` are the same values of the
-    /// partition gets the first one's arrays (the rotary angles and the attention mask each
-    /// layer of a decoder computes from the same lengths). `build` runs with this node's
-    /// context, so its checks and guards are this node's. Outside a plan it just builds.
-    pub fn shared(
-        &mut self,
-        of: &[usize],
-        tag: &str,
-        build: impl FnOnce(&mut LowerCtx<'a>) -> Result<Vec<Array>>,
-    ) -> Result<Vec<Array>> {
-        let Some(memo) = self.memo else { return build(self) };
-        let mut key = String::from(tag);
-        for &i in of {
-            // (An optional input past the node's last one is absent.)
-            key.push('|');
-            key.push_str(self.sources.get(i).map_or("absent", String::as_str));
-        }
-        if let Some(found) = memo.0.borrow().get(&key) {
-            return Ok(found.clone());
-        }
-        let built = build(self)?;
-        memo.0.borrow_mut().insert(key, built.clone());
-        Ok(built)
+    pub(crate) fn with_output_keys(mut self, keys: Vec<String>) -> LowerCtx<'a> {
+        self.output_keys = keys;
+        self
     }
 
     /// Runs a subgraph (a branch of If, a loop body) on `inputs`, bound to its formal inputs in

@@ -1,0 +1,167 @@
+//! A DequantizeLinear of a constant matrix weight `[K, N]` (8 or 4 bits, per tensor, per
+//! column, or in blocks along K) publishes MLX's affine form of it
+//! ([`ep_core::lowering::AffineWeight`]): a MatMul reading its output then runs MLX's quantized
+//! matmul on the stored integers instead of multiplying by the dequantized float weight (the
+//! QDQ form of a weight-quantized model reads a quarter or an eighth of the bytes per run).
+//!
+//! The integers are not requantized: `q` is shifted to MLX's unsigned range
+//! (`u = q + 2^(bits-1)` for signed types) and packed along K; each group of `group` values
+//! along K shares the column's (or the block's) scale, and `bias = -scale * (zero_point +
+//! shift)`, so `scale * u + bias` equals ONNX's `(q - zero_point) * scale` up to one rounding
+//! of the product (float32: within an ulp of the weight). A half-type weight is multiplied in
+//! float32, except on a GPU where every bias is exact in the half type (always so without a
+//! zero point).
+
+use ep_core::graph::ElemType;
+use ep_core::lowering::AffineWeight;
+use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::{LowerCtx, NodeInfo, Result, bail};
+
+/// Group sizes MLX's quantized kernels support, largest first.
+const GROUPS: [i64; 3] = [128, 64, 32];
+
+/// How the weight is quantized: its size, bits, the shift to unsigned, and the layout of its
+/// scale (`block` 0: per tensor or per column).
+struct Form {
+    k: i64,
+    n: i64,
+    bits: i64,
+    shift: i64,
+    per_column: bool,
+    block: i64,
+    group: i64,
+}
+
+/// The form of this DequantizeLinear's weight, when MLX's quantized matmul can take it.
+fn form(ctx: &LowerCtx<'_>, node: &NodeInfo, axis: usize, block: i64) -> Result<Option<Form>> {
+    let x = ctx.input(0)?;
+    let constant = ctx.is_constant(0) && ctx.is_constant(1) && (ctx.optional_input(2).is_none() || ctx.is_constant(2));
+    let &[k, n] = &x.shape()[..] else { return Ok(None) };
+    let (bits, shift) = match node.input(0).and_then(|v| v.elem_type) {
+        Some(ElemType::I8) => (8, 128),
+        Some(ElemType::U8) => (8, 0),
+        Some(ElemType::INT4) => (4, 8),
+        Some(ElemType::UINT4) => (4, 0),
+        _ => return Ok(None),
+    };
+    if !constant || k <= 0 || n <= 0 {
+        return Ok(None);
+    }
+    let scale = ctx.input(1)?.size() as i64;
+    let (per_column, group) = if block > 0 {
+        // Blocks along K of a size MLX groups by, K a whole number of them.
+        if axis != 0 || !GROUPS.contains(&block) || k % block != 0 {
+            return Ok(None);
+        }
+        (false, block)
+    } else {
+        let per_column = scale > 1;
+        if per_column && (axis != 1 || scale != n) {
+            return Ok(None);
+        }
+        let Some(&g) = GROUPS.iter().find(|&&g| k % g == 0) else { return Ok(None) };
+        (per_column, g)
+    };
+    Ok(Some(Form { k, n, bits, shift, per_column, block, group }))
+}
+
+/// Publishes the affine form of output 0 when the weight allows one (see the module's doc);
+/// a weight it does not fit is left as it is.
+pub(crate) fn publish(ctx: &mut LowerCtx<'_>, node: &NodeInfo, axis: usize, block: i64, out: Dtype) -> Result<()> {
+    let Some(f) = form(ctx, node, axis, block)? else { return Ok(()) };
+    let mut weights = vec![0, 1];
+    if ctx.optional_input(2).is_some() {
+        weights.push(2);
+    }
+    // A half type computes in float32 (as ORT's CPU EP does) but on a GPU, where MLX's kernels
+    // widen each product themselves, so an exact half-type form is the same weight.
+    let compute = if out == Dtype::F32 || !ep_core::mlx::gpu_forms() {
+        Dtype::F32
+    } else {
+        let tag = format!("QDQ affine exact bias bits={} group={} {out:?}", f.bits, f.group);
+        let flag = ctx.derived_many(&weights, &tag, |args, s| {
+            let (_, biases) = scales_and_biases(&f, args, s)?;
+            let back = ops::astype(
+                &ops::astype(&Array::from_slice(&biases, &[biases.len() as i64])?, out, s)?,
+                Dtype::F32,
+                s,
+            )?
+            .to_vec::<f32>(s)?;
+            let exact = back.iter().zip(&biases).all(|(a, b)| a.to_bits() == b.to_bits());
+            Ok(vec![Array::from_slice(&[u8::from(exact)], &[1])?])
+        })?;
+        if flag[0].host_bytes().is_some_and(|b| b == [1]) { out } else { Dtype::F32 }
+    };
+    let tag = format!(
+        "QDQ affine bits={} group={} per_column={} block={} {compute:?}",
+        f.bits, f.group, f.per_column, f.block
+    );
+    let w = ctx.derived_many(&weights, &tag, |args, s| repack(&f, args, compute, s))?;
+    let [packed, scales, biases] = &w[..] else { bail!("the affine form has {} parts", w.len()) };
+    let weight = AffineWeight {
+        packed: packed.clone(),
+        scales: scales.clone(),
+        biases: biases.clone(),
+        group: f.group as i32,
+        bits: f.bits as i32,
+        k: f.k,
+        n: f.n,
+    };
+    ctx.publish(0, &weight)
+}
+
+/// Per (column, group) the scale and the bias, `[N, K / group]` row-major, in float32.
+fn scales_and_biases(f: &Form, args: &[&Array], s: &Stream) -> Result<(Vec<f32>, Vec<f32>)> {
+    let scale = ops::astype(args[1], Dtype::F32, s)?.to_vec::<f32>(s)?;
+    let zp = match args.get(2) {
+        Some(z) => ops::astype(z, Dtype::F32, s)?.to_vec::<f32>(s)?,
+        None => vec![0.0; scale.len()],
+    };
+    if zp.len() != scale.len() {
+        bail!("the zero point has {} values, the scale {}", zp.len(), scale.len());
+    }
+    let (n, groups) = (f.n as usize, (f.k / f.group) as usize);
+    let mut scales = Vec::with_capacity(n * groups);
+    let mut biases = Vec::with_capacity(n * groups);
+    for col in 0..n {
+        for g in 0..groups {
+            let i = if f.block > 0 {
+                g * n + col
+            } else if f.per_column {
+                col
+            } else {
+                0
+            };
+            let (sc, z) = (*scale.get(i).ok_or_else(|| ep_core::Error::new("the scale is too short"))?, zp[i]);
+            scales.push(sc);
+            biases.push(-sc * (z + f.shift as f32));
+        }
+    }
+    Ok((scales, biases))
+}
+
+/// The packed weight `[N, K * bits / 32]` and its scales and biases in `compute`.
+fn repack(f: &Form, args: &[&Array], compute: Dtype, s: &Stream) -> Result<Vec<Array>> {
+    let q: Vec<i64> = ops::astype(args[0], Dtype::I64, s)?.to_vec::<i64>(s)?;
+    let (k, n, bits) = (f.k as usize, f.n as usize, f.bits as usize);
+    if q.len() != k * n {
+        bail!("the weight holds {} values, not {k} x {n}", q.len());
+    }
+    let per_word = 32 / bits;
+    let words = k / per_word;
+    let mask = (1i64 << bits) - 1;
+    let mut packed = vec![0u32; n * words];
+    for col in 0..n {
+        for row in 0..k {
+            let u = (q[row * n + col] + f.shift) & mask;
+            packed[col * words + row / per_word] |= (u as u32) << ((row % per_word) * bits);
+        }
+    }
+    let (scales, biases) = scales_and_biases(f, args, s)?;
+    let shape = [f.n, f.k / f.group];
+    Ok(vec![
+        Array::from_slice(&packed, &[f.n, words as i64])?,
+        ops::astype(&Array::from_slice(&scales, &shape)?, compute, s)?,
+        ops::astype(&Array::from_slice(&biases, &shape)?, compute, s)?,
+    ])
+}
