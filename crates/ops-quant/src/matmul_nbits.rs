@@ -171,11 +171,12 @@ fn biases_exact(p: &Params, args: &[&Array], dtype: Dtype, s: &Stream) -> Result
     Ok(vec![Array::from_slice(&[exact as u8], &[1])?])
 }
 
-/// Rows from which a GPU runs the product as one dequantization and a dense matmul: MLX's
-/// quantized kernels for 8 rows or more are compiled on first use (tens of seconds on CUDA),
-/// while dequantizing then multiplying uses kernels MLX ships compiled, costs one pass over
-/// the weight, and runs the product on the GPU's matrix units.
-const DENSE_FROM_ROWS: i64 = 8;
+// Rows from which a GPU runs the product as one dequantization and a dense matmul: MLX's
+// quantized kernels for several rows are compiled on first use (tens of seconds on CUDA, and
+// some not at all with the MLX CUDA wheel's headers: see `AffineWeight::matmul`), while
+// dequantizing then multiplying uses kernels MLX ships compiled, costs one pass over the
+// weight, and runs the product on the GPU's matrix units.
+use ep_core::lowering::DENSE_FROM_ROWS;
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();

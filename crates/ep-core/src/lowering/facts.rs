@@ -33,11 +33,16 @@ pub struct AffineWeight {
 
 const AFFINE_WEIGHT: &str = "affine-weight";
 
+/// Rows from which a GPU multiplies a quantized weight densely (see [`AffineWeight::matmul`]).
+pub const DENSE_FROM_ROWS: i64 = 2;
+
 impl AffineWeight {
     /// `x @ W` for `x [..., K]` (any float type; computed in the scales' type), `[..., N]` in
-    /// x's type. On a GPU, eight rows or more dequantize the weight once per run and multiply
-    /// densely (MLX compiles its quantized kernels for several rows on first use; the dense
-    /// product runs on the matrix units).
+    /// x's type. On a GPU only one row runs MLX's quantized kernel (a matrix-vector product,
+    /// where reading fewer weight bytes pays); more rows dequantize the weight once per run and
+    /// multiply densely on the matrix units: MLX's CUDA kernels for several rows are compiled
+    /// on first use, and some of them (`qmm_sm90_*` for groups of 128 on an H100) did not
+    /// compile at all with the MLX CUDA 0.32.2 wheel's headers (`crt/mma.h` missing).
     pub fn matmul(&self, x: &Array, s: &Stream) -> Result<Array> {
         let shape = x.shape();
         let compute = self.scales.dtype();
@@ -49,7 +54,7 @@ impl AffineWeight {
         }
         let a = ops::astype(x, compute, s)?;
         let a = if shape.len() < 2 { ops::reshape(&a, &[rows, self.k], s)? } else { a };
-        let y = if crate::mlx::gpu_forms() && rows >= 8 {
+        let y = if crate::mlx::gpu_forms() && rows >= DENSE_FROM_ROWS {
             let dense = ops::dequantize(&self.packed, &self.scales, &self.biases, self.group, self.bits, compute, s)?;
             ops::matmul(&a, &ops::transpose(&dense, s)?, s)?
         } else {

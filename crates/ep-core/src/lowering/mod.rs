@@ -24,7 +24,7 @@
 //! (no evaluation, no IO) and returns one array per node output, in order.
 
 mod facts;
-pub use facts::{AffineWeight, SharedValues};
+pub use facts::{AffineWeight, DENSE_FROM_ROWS, SharedValues};
 
 use crate::error::{Error, Result};
 use crate::graph::NodeInfo;
