@@ -9,7 +9,8 @@ rewrites the pair into MatMulNBits, which by default quantizes the activations t
 the exact product). A DequantizeLinear whose output also leaves the graph keeps its float
 output exact.
 
-Run by `cargo xtask test` with ORT_MLX_EP_LIB pointing at the built plugin.
+Run by `cargo xtask test` with ORT_MLX_EP_LIB pointing at the built plugin (in the GPU's forms,
+`ONNXRUNTIME_EP_MLX_TEST_GPU_FORMS=1`, which it sets: the CPU backend keeps the dense product).
 `python check_qdq_weights.py --bench` (on a GPU) times each model on the MLX EP against the
 same product with the weight dequantized once (an initializer of floats)."""
 
@@ -40,6 +41,11 @@ CASES = [
     ("int4 per tensor, no zero point", T.INT4, 128, 48, "tensor", False, T.FLOAT, [3, 128]),
     ("int8 per column, float16", T.INT8, 128, 48, "column", True, T.FLOAT16, [3, 128]),
     ("uint4 in blocks of 32, float16", T.UINT4, 64, 16, 32, False, T.FLOAT16, [2, 64]),
+    # One row: the quantized kernel itself on a GPU (more rows dequantize for a dense product).
+    ("one row: uint4 in blocks of 32, zero point", T.UINT4, 128, 40, 32, True, T.FLOAT, [1, 128]),
+    ("one row: int4 in blocks of 64, zero point", T.INT4, 192, 24, 64, True, T.FLOAT, [1, 192]),
+    ("one row: int8 per column, zero point, float16", T.INT8, 128, 48, "column", True, T.FLOAT16, [1, 128]),
+    ("one row: uint4 in blocks of 32, float16", T.UINT4, 64, 16, 32, False, T.FLOAT16, [1, 64]),
 ]
 
 
@@ -173,6 +179,10 @@ def bench(devices, tmp):
 
 
 def main():
+    # The quantized form is a GPU's (MLX's CPU backend dequantizes faster than it multiplies
+    # quantized weights); on the CPU it is taken in the GPU's forms, which this sets for the
+    # plugin loaded below and the child processes.
+    os.environ["ONNXRUNTIME_EP_MLX_TEST_GPU_FORMS"] = "1"
     lib = os.environ.get("ORT_MLX_EP_LIB")
     if not lib:
         print("set ORT_MLX_EP_LIB to the built plugin", file=sys.stderr)

@@ -46,13 +46,15 @@ pub fn run(args: &[String]) -> Result {
     crate::conformance::property_suite(&["--cases".to_string(), crate::conformance::CI_CASES.to_string()])?;
     // The forms a GPU takes (MLX's fused one-query attention with the mask carried in the
     // head dimension, half-type RMS norms), checked here on the CPU, where they are otherwise
-    // not taken; and the layer norms beside them, which must not take the RMS form.
+    // not taken; and the layer norms beside them, which must not take the RMS form; and
+    // weights a DequantizeLinear hands a MatMul in MLX's quantized form.
     for (op, cases) in [
         ("GroupQueryAttention", "200"),
         ("SkipSimplifiedLayerNormalization", "60"),
         ("SimplifiedLayerNormalization", "60"),
         ("SkipLayerNormalization", "60"),
         ("LayerNormalization", "60"),
+        ("DequantizeLinear", "100"),
     ] {
         step(&format!("{op} in the GPU's forms (ONNXRUNTIME_EP_MLX_TEST_GPU_FORMS=1)"));
         util::run(

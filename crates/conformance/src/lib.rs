@@ -57,18 +57,15 @@ impl Outcome {
 }
 
 /// Runs `case` on both EPs and compares.
-/// A session builder for `ep`; ORT's CPU EP, the reference, computes exactly: ORT rewrites a
-/// DequantizeLinear of a constant weight feeding a MatMul into MatMulNBits, which by default
-/// quantizes the activations to 8 bits (`session.qdq_matmulnbits_accuracy_level` 4, about
-/// 0.3% off); level 0 keeps them float.
+/// A session builder for `ep` that computes exactly where ORT's CPU EP runs a node: ORT
+/// rewrites a DequantizeLinear of a constant weight feeding a MatMul into MatMulNBits, which by
+/// default quantizes the activations to 8 bits (`session.qdq_matmulnbits_accuracy_level` 4,
+/// about 0.3% off); level 0 keeps them float (in the reference, and in an MLX session's nodes
+/// left to the CPU EP).
 pub fn builder_for(ep: Ep) -> mlx_ep_host::Result<mlx_ep_host::ort::session::builder::SessionBuilder> {
-    let builder = session_builder(ep)?;
-    Ok(match ep {
-        Ep::Cpu => builder
-            .with_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
-            .map_err(mlx_ep_host::ort::Error::<()>::from)?,
-        _ => builder,
-    })
+    Ok(session_builder(ep)?
+        .with_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+        .map_err(mlx_ep_host::ort::Error::<()>::from)?)
 }
 
 pub fn check(case: &Case) -> Outcome {
@@ -86,7 +83,7 @@ pub fn check(case: &Case) -> Outcome {
         Ok(v) => v,
         Err(e) => return Outcome::Invalid(format!("the CPU EP rejects the case: {e}")),
     };
-    let mut mlx = match model::build(case).and_then(|m| Ok(m.into_session(&session_builder(Ep::Mlx)?)?)) {
+    let mut mlx = match model::build(case).and_then(|m| Ok(m.into_session(&builder_for(Ep::Mlx)?)?)) {
         Ok(s) => s,
         Err(e) => return Outcome::Failed(format!("creating the MLX session: {e}")),
     };

@@ -2,15 +2,17 @@
 //! column, or in blocks along K) publishes MLX's affine form of it
 //! ([`ep_core::lowering::AffineWeight`]): a MatMul reading its output then runs MLX's quantized
 //! matmul on the stored integers instead of multiplying by the dequantized float weight (the
-//! QDQ form of a weight-quantized model reads a quarter or an eighth of the bytes per run).
+//! QDQ form of a weight-quantized model reads a quarter or an eighth of the bytes per run). On
+//! GPUs (and in the GPU's forms on the CPU, `ONNXRUNTIME_EP_MLX_TEST_GPU_FORMS`, for testing).
 //!
 //! The integers are not requantized: `q` is shifted to MLX's unsigned range
 //! (`u = q + 2^(bits-1)` for signed types) and packed along K; each group of `group` values
 //! along K shares the column's (or the block's) scale, and `bias = -scale * (zero_point +
-//! shift)`, so `scale * u + bias` equals ONNX's `(q - zero_point) * scale` up to one rounding
-//! of the product (float32: within an ulp of the weight). A half-type weight is multiplied in
-//! float32, except on a GPU where every bias is exact in the half type (always so without a
-//! zero point).
+//! shift)`, so `scale * u + bias` equals ONNX's `(q - zero_point) * scale` up to the rounding of
+//! the product and of the bias (float32: a few ulps of the group's largest weight). A
+//! half-type weight is multiplied in float32, except on a GPU where its scales are of that
+//! type and every bias is exact in it (always so without a zero point). Published only where
+//! a MatMul reads the output as its weight.
 
 use ep_core::graph::ElemType;
 use ep_core::lowering::AffineWeight;
@@ -68,14 +70,21 @@ fn form(ctx: &LowerCtx<'_>, node: &NodeInfo, axis: usize, block: i64) -> Result<
 /// Publishes the affine form of output 0 when the weight allows one (see the module's doc);
 /// a weight it does not fit is left as it is.
 pub(crate) fn publish(ctx: &mut LowerCtx<'_>, node: &NodeInfo, axis: usize, block: i64, out: Dtype) -> Result<()> {
+    // GPUs only: MLX's CPU backend multiplies a quantized weight slower than it dequantizes
+    // and multiplies densely (a 1024x1024 int8 weight: 1.5 against 0.6 ms for one row).
+    if !ep_core::mlx::gpu_forms() || !ctx.output_read_as(0, "MatMul", 1) {
+        return Ok(());
+    }
     let Some(f) = form(ctx, node, axis, block)? else { return Ok(()) };
     let mut weights = vec![0, 1];
     if ctx.optional_input(2).is_some() {
         weights.push(2);
     }
     // A half type computes in float32 (as ORT's CPU EP does) but on a GPU, where MLX's kernels
-    // widen each product themselves, so an exact half-type form is the same weight.
-    let compute = if out == Dtype::F32 || !ep_core::mlx::gpu_forms() {
+    // widen each product themselves, so an exact half-type form is the same weight. (Not on
+    // MLX's CPU backend in the GPU's forms: its half-type kernel accumulates in the half type.)
+    let same_type = ctx.input(1)?.dtype() == out;
+    let compute = if out == Dtype::F32 || !same_type || !ep_core::mlx::default_device_is_gpu() {
         Dtype::F32
     } else {
         let tag = format!("QDQ affine exact bias bits={} group={} {out:?}", f.bits, f.group);
@@ -142,19 +151,24 @@ fn scales_and_biases(f: &Form, args: &[&Array], s: &Stream) -> Result<(Vec<f32>,
 
 /// The packed weight `[N, K * bits / 32]` and its scales and biases in `compute`.
 fn repack(f: &Form, args: &[&Array], compute: Dtype, s: &Stream) -> Result<Vec<Array>> {
-    let q: Vec<i64> = ops::astype(args[0], Dtype::I64, s)?.to_vec::<i64>(s)?;
+    // One byte per element (int4 and uint4 too, held unpacked): signed types' bytes are the
+    // values' two's complement, which the shift and the mask turn into MLX's unsigned range.
+    let q = args[0].host_bytes().ok_or_else(|| ep_core::Error::new("the weight is not readable on the host"))?;
     let (k, n, bits) = (f.k as usize, f.n as usize, f.bits as usize);
     if q.len() != k * n {
-        bail!("the weight holds {} values, not {k} x {n}", q.len());
+        bail!("the weight holds {} bytes, not {k} x {n}", q.len());
     }
     let per_word = 32 / bits;
     let words = k / per_word;
-    let mask = (1i64 << bits) - 1;
+    let mask = (1u32 << bits) - 1;
+    let signed = f.shift > 0;
     let mut packed = vec![0u32; n * words];
-    for col in 0..n {
-        for row in 0..k {
-            let u = (q[row * n + col] + f.shift) & mask;
-            packed[col * words + row / per_word] |= (u as u32) << ((row % per_word) * bits);
+    for (row, values) in q.chunks_exact(n).enumerate() {
+        let (word, at) = (row / per_word, (row % per_word) * bits);
+        for (col, &b) in values.iter().enumerate() {
+            let v = if signed { i64::from(b as i8) } else { i64::from(b) };
+            let u = ((v + f.shift) as u32) & mask;
+            packed[col * words + word] |= u << at;
         }
     }
     let (scales, biases) = scales_and_biases(f, args, s)?;

@@ -176,7 +176,7 @@ fn biases_exact(p: &Params, args: &[&Array], dtype: Dtype, s: &Stream) -> Result
 // some not at all with the MLX CUDA wheel's headers: see `AffineWeight::matmul`), while
 // dequantizing then multiplying uses kernels MLX ships compiled, costs one pass over the
 // weight, and runs the product on the GPU's matrix units.
-use ep_core::lowering::DENSE_FROM_ROWS;
+use ep_core::lowering::dense_from_rows;
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
@@ -225,7 +225,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let y = if affine {
         let tag = format!("MatMulNBits affine bits={} block={} {compute:?}", p.bits, p.block);
         let w = ctx.derived_many(&weights, &tag, |args, s| repack(&p, args, compute, s))?;
-        if gpu && rows >= DENSE_FROM_ROWS {
+        if gpu && rows >= dense_from_rows() {
             let dense = ops::dequantize(&w[0], &w[1], &w[2], p.block as i32, p.bits as i32, compute, s)?;
             ops::matmul(&x, &ops::transpose(&dense, s)?, s)?
         } else {

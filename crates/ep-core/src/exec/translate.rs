@@ -99,6 +99,16 @@ impl Translation {
             Part::Main(split) => !split.prologue[n],
         };
         let memo = crate::lowering::SharedValues::default();
+        // Which nodes read each value, and as which input (a producer may publish a form of
+        // its output that only some readers use: see `LowerCtx::publish`).
+        let mut readers: HashMap<usize, Vec<(String, usize)>> = HashMap::new();
+        for n in &self.nodes {
+            for (i, src) in n.inputs.iter().enumerate() {
+                if let Source::Value(v) = src {
+                    readers.entry(*v).or_default().push((n.info.qualified_op(), i));
+                }
+            }
+        }
         let resolve = |values: &[Option<Array>], src: Source| -> Option<Array> {
             match src {
                 Source::Input(i) => inputs.get(i).cloned(),
@@ -139,11 +149,12 @@ impl Translation {
                 scope.as_ref(),
             )
             .with_sources(node.inputs.iter().map(|src| format!("{src:?}")).collect(), Some(&memo))
-            .with_output_keys(
+            .with_outputs(
                 node.outputs
                     .iter()
                     .map(|o| o.map_or_else(String::new, |v| format!("{:?}", Source::Value(v))))
                     .collect(),
+                node.outputs.iter().map(|o| o.and_then(|v| readers.get(&v).cloned()).unwrap_or_default()).collect(),
             );
             let results =
                 node.lowering.lower(&mut ctx, info).map_err(|e| e.at_node(&info.name, &info.qualified_op()))?;

@@ -19,8 +19,8 @@ pub struct SharedValues(std::cell::RefCell<std::collections::HashMap<String, Vec
 /// A weight `W [K, N]` (the right operand of a matmul) in MLX's affine quantized form, of its
 /// transpose: `packed` uint32 `[N, K * bits / 32]` (elements of one row along K, the first in
 /// the lowest bits), `scales` and `biases` `[N, K / group]` in the compute type, so that
-/// `W[k, n] = scales[n, k / group] * q[n, k] + biases[n, k / group]` up to one rounding of the
-/// product, and `x @ W` is MLX's `quantized_matmul(x, packed, scales, biases, transpose=true)`.
+/// `W[k, n] = scales[n, k / group] * q[n, k] + biases[n, k / group]` (in float32 within a few
+/// ulps of the group's largest weight: the product and the bias are each rounded once), and `x @ W` is MLX's `quantized_matmul(x, packed, scales, biases, transpose=true)`.
 pub struct AffineWeight {
     pub packed: Array,
     pub scales: Array,
@@ -33,16 +33,20 @@ pub struct AffineWeight {
 
 const AFFINE_WEIGHT: &str = "affine-weight";
 
-/// Rows from which a GPU multiplies a quantized weight densely (see [`AffineWeight::matmul`]).
-pub const DENSE_FROM_ROWS: i64 = 2;
+/// Rows from which a GPU multiplies a quantized weight densely (see [`AffineWeight::matmul`]):
+/// two on CUDA, eight elsewhere (Metal compiles its kernels without NVRTC).
+pub fn dense_from_rows() -> i64 {
+    if crate::mlx::device::is_cuda() { 2 } else { 8 }
+}
 
 impl AffineWeight {
     /// `x @ W` for `x [..., K]` (any float type; computed in the scales' type), `[..., N]` in
-    /// x's type. On a GPU only one row runs MLX's quantized kernel (a matrix-vector product,
-    /// where reading fewer weight bytes pays); more rows dequantize the weight once per run and
-    /// multiply densely on the matrix units: MLX's CUDA kernels for several rows are compiled
-    /// on first use, and some of them (`qmm_sm90_*` for groups of 128 on an H100) did not
-    /// compile at all with the MLX CUDA 0.32.2 wheel's headers (`crt/mma.h` missing).
+    /// x's type. On CUDA only one row runs MLX's quantized kernel (a matrix-vector product,
+    /// where reading fewer weight bytes pays; on other GPUs up to seven rows); more rows
+    /// dequantize the weight once per run and multiply densely on the matrix units: MLX's CUDA
+    /// kernels for several rows are compiled on first use, and some of them (`qmm_sm90_*` for
+    /// groups of 128 on an H100) did not compile at all with the MLX CUDA 0.32.2 wheel's
+    /// headers (`crt/mma.h` missing).
     pub fn matmul(&self, x: &Array, s: &Stream) -> Result<Array> {
         let shape = x.shape();
         let compute = self.scales.dtype();
@@ -54,7 +58,7 @@ impl AffineWeight {
         }
         let a = ops::astype(x, compute, s)?;
         let a = if shape.len() < 2 { ops::reshape(&a, &[rows, self.k], s)? } else { a };
-        let y = if crate::mlx::gpu_forms() && rows >= DENSE_FROM_ROWS {
+        let y = if crate::mlx::gpu_forms() && rows >= dense_from_rows() {
             let dense = ops::dequantize(&self.packed, &self.scales, &self.biases, self.group, self.bits, compute, s)?;
             ops::matmul(&a, &ops::transpose(&dense, s)?, s)?
         } else {
@@ -121,6 +125,12 @@ impl<'a> LowerCtx<'a> {
             memo.0.borrow_mut().insert(format!("{AFFINE_WEIGHT}|{key}"), weight.to_arrays()?);
         }
         Ok(())
+    }
+
+    /// Whether a node of the partition reads output `output` as its input `input` and is a
+    /// `op` (qualified: `com.microsoft:X` outside the ONNX domain). Outside a plan, false.
+    pub fn output_read_as(&self, output: usize, op: &str, input: usize) -> bool {
+        self.output_readers.get(output).is_some_and(|r| r.iter().any(|(o, i)| o == op && *i == input))
     }
 
     /// What the producer of input `input` published about it, if anything.

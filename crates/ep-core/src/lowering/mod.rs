@@ -24,7 +24,7 @@
 //! (no evaluation, no IO) and returns one array per node output, in order.
 
 mod facts;
-pub use facts::{AffineWeight, DENSE_FROM_ROWS, SharedValues};
+pub use facts::{AffineWeight, SharedValues, dense_from_rows};
 
 use crate::error::{Error, Result};
 use crate::graph::NodeInfo;
@@ -165,8 +165,10 @@ pub struct LowerCtx<'a> {
     /// values lowerings share within one build (see [`LowerCtx::shared`]).
     sources: Vec<String>,
     memo: Option<&'a SharedValues>,
-    /// Per output, which value of the partition it is (the key its consumers' `sources` hold).
+    /// Per output, which value of the partition it is (the key its consumers' `sources` hold),
+    /// and the nodes that read it (qualified op type, input index).
     output_keys: Vec<String>,
+    output_readers: Vec<Vec<(String, usize)>>,
 }
 
 /// What the engine lends a lowering beyond its inputs; implemented by the engine (`exec`), so
@@ -262,6 +264,7 @@ impl<'a> LowerCtx<'a> {
             sources: Vec::new(),
             memo: None,
             output_keys: Vec::new(),
+            output_readers: Vec::new(),
         }
     }
 
@@ -272,8 +275,9 @@ impl<'a> LowerCtx<'a> {
         self
     }
 
-    pub(crate) fn with_output_keys(mut self, keys: Vec<String>) -> LowerCtx<'a> {
+    pub(crate) fn with_outputs(mut self, keys: Vec<String>, readers: Vec<Vec<(String, usize)>>) -> LowerCtx<'a> {
         self.output_keys = keys;
+        self.output_readers = readers;
         self
     }
 
