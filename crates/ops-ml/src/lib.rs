@@ -1,7 +1,8 @@
 //! `ai.onnx.ml` lowerings (the classical machine-learning operators scikit-learn exporters
 //! emit), where inputs and outputs are tensors: Binarizer, Scaler, Normalizer,
 //! ArrayFeatureExtractor, LinearRegressor, LinearClassifier (int64 labels), Imputer, OneHotEncoder, LabelEncoder,
-//! FeatureVectorizer, TreeEnsembleRegressor, TreeEnsemble. Ops with string inputs or outputs stay on ORT's CPU EP.
+//! FeatureVectorizer, TreeEnsembleRegressor, TreeEnsembleClassifier (int64 labels, three classes or more), TreeEnsemble.
+//! Ops with string inputs or outputs stay on ORT's CPU EP.
 //!
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`] and end it with
@@ -15,6 +16,7 @@ mod feature_extractor;
 mod linear;
 mod scale;
 mod tree;
+mod tree_classifier;
 mod tree_v5;
 
 /// The operator domain of this crate's ops.

@@ -137,7 +137,18 @@ fn forest(node: &NodeInfo) -> std::result::Result<Forest, String> {
     if bases != 0 && bases as i64 != targets {
         return Err(format!("{bases} base values for {targets} target(s)"));
     }
-    let targets = targets as usize;
+    build(node, targets as usize, aggregate, "target")
+}
+
+/// The forest of a node's `nodes_*` attributes, its leaves weighted by the `{prefix}_treeids`,
+/// `_nodeids`, `_ids` and `_weights` attributes (`target` for the regressor, `class` for the
+/// classifier) for `targets` outputs.
+pub(crate) fn build(
+    node: &NodeInfo,
+    targets: usize,
+    aggregate: Aggregate,
+    prefix: &str,
+) -> std::result::Result<Forest, String> {
     let (tree_ids, node_ids, features) =
         (ints(node, "nodes_treeids"), ints(node, "nodes_nodeids"), ints(node, "nodes_featureids"));
     let (values, modes) = (floats(node, "nodes_values"), strings(node, "nodes_modes"));
@@ -201,7 +212,7 @@ fn forest(node: &NodeInfo) -> std::result::Result<Forest, String> {
         }
     }
     f.depth = depth(&f)?;
-    leaf_weights(node, &mut f, &index)?;
+    leaf_weights(node, &mut f, &index, prefix)?;
     Ok(f)
 }
 
@@ -254,13 +265,15 @@ fn leaf_weights(
     node: &NodeInfo,
     f: &mut Forest,
     index: &HashMap<(i64, i64), usize>,
+    prefix: &str,
 ) -> std::result::Result<(), String> {
-    let (trees, nodes, ids) = (ints(node, "target_treeids"), ints(node, "target_nodeids"), ints(node, "target_ids"));
-    let weights = floats(node, "target_weights");
+    let attr = |what: &str| format!("{prefix}_{what}");
+    let (trees, nodes, ids) = (ints(node, &attr("treeids")), ints(node, &attr("nodeids")), ints(node, &attr("ids")));
+    let weights = floats(node, &attr("weights"));
     let n = trees.len();
     if [nodes.len(), ids.len(), weights.len()].iter().any(|&l| l != n) {
         return Err(format!(
-            "the target_* attributes have lengths {n}, {}, {}, {}",
+            "the {prefix}_* attributes have lengths {n}, {}, {}, {}",
             nodes.len(),
             ids.len(),
             weights.len()
@@ -330,6 +343,47 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
 
 /// Every row of input 0 through every tree of `f`, aggregated: `[rows, targets]`.
 pub(crate) fn walk(ctx: &mut LowerCtx<'_>, f: &Forest) -> Result<Vec<Array>> {
+    let at = reach(ctx, f)?;
+    let s = ctx.stream();
+    let (n, trees) = (f.mode.len() as i64, f.roots.len() as i64);
+    let t = f.targets as i64;
+    let weights = Array::from_slice(&f.weights, &[n, t])?;
+    // [rows, trees, targets]
+    let reached = ops::take(&weights, &at, 0, s)?;
+    let base = match f.base.len() {
+        l if l == f.targets => Some(Array::from_slice(&f.base, &[t])?),
+        // One target: a single base value is ORT's `origin`.
+        _ => None,
+    };
+    let zero = ops::scalar(0.0, Dtype::F32, s)?;
+    let mut y = match f.aggregate {
+        Aggregate::Sum => ops::sum_axes(&reached, &[1], false, s)?,
+        Aggregate::Average => {
+            ops::divide(&ops::sum_axes(&reached, &[1], false, s)?, &ops::scalar(trees as f64, Dtype::F32, s)?, s)?
+        }
+        Aggregate::Min | Aggregate::Max => {
+            let has = ops::take(&Array::from_slice(&f.has, &[n, t])?, &at, 0, s)?;
+            let (fill, reduce): (f64, Reduce) = if f.aggregate == Aggregate::Min {
+                (f64::INFINITY, ops::min_axes)
+            } else {
+                (f64::NEG_INFINITY, ops::max_axes)
+            };
+            reduce(&ops::where_(&has, &reached, &ops::scalar(fill, Dtype::F32, s)?, s)?, &[1], false, s)?
+        }
+    };
+    if let Some(b) = base {
+        y = ops::add(&y, &b, s)?;
+    }
+    if f.targets > 1 {
+        // A target no leaf of the row weighs is 0, its base value not added (ORT 1.31).
+        let has = ops::take(&Array::from_slice(&f.has, &[n, t])?, &at, 0, s)?;
+        y = ops::where_(&ops::any_axes(&has, &[1], false, s)?, &y, &zero, s)?;
+    }
+    Ok(vec![y])
+}
+
+/// The leaf each row of input 0 reaches in each tree of `f`: node indices `[rows, trees]`.
+pub(crate) fn reach(ctx: &mut LowerCtx<'_>, f: &Forest) -> Result<Array> {
     let (x, s) = (ctx.input(0)?, ctx.stream());
     let (rows, columns) = (x.shape()[0], x.shape()[1]);
     if let Some(&bad) = f.feature.iter().find(|&&i| i64::from(i) >= columns) {
@@ -409,40 +463,7 @@ pub(crate) fn walk(ctx: &mut LowerCtx<'_>, f: &Forest) -> Result<Vec<Array>> {
         }
         at = ops::where_(&go, &ops::take(&yes, &at, 0, s)?, &ops::take(&no, &at, 0, s)?, s)?;
     }
-    let t = f.targets as i64;
-    let weights = Array::from_slice(&f.weights, &[n, t])?;
-    // [rows, trees, targets]
-    let reached = ops::take(&weights, &at, 0, s)?;
-    let base = match f.base.len() {
-        l if l == f.targets => Some(Array::from_slice(&f.base, &[t])?),
-        // One target: a single base value is ORT's `origin`.
-        _ => None,
-    };
-    let zero = ops::scalar(0.0, Dtype::F32, s)?;
-    let mut y = match f.aggregate {
-        Aggregate::Sum => ops::sum_axes(&reached, &[1], false, s)?,
-        Aggregate::Average => {
-            ops::divide(&ops::sum_axes(&reached, &[1], false, s)?, &ops::scalar(trees as f64, Dtype::F32, s)?, s)?
-        }
-        Aggregate::Min | Aggregate::Max => {
-            let has = ops::take(&Array::from_slice(&f.has, &[n, t])?, &at, 0, s)?;
-            let (fill, reduce): (f64, Reduce) = if f.aggregate == Aggregate::Min {
-                (f64::INFINITY, ops::min_axes)
-            } else {
-                (f64::NEG_INFINITY, ops::max_axes)
-            };
-            reduce(&ops::where_(&has, &reached, &ops::scalar(fill, Dtype::F32, s)?, s)?, &[1], false, s)?
-        }
-    };
-    if let Some(b) = base {
-        y = ops::add(&y, &b, s)?;
-    }
-    if f.targets > 1 {
-        // A target no leaf of the row weighs is 0, its base value not added (ORT 1.31).
-        let has = ops::take(&Array::from_slice(&f.has, &[n, t])?, &at, 0, s)?;
-        y = ops::where_(&ops::any_axes(&has, &[1], false, s)?, &y, &zero, s)?;
-    }
-    Ok(vec![y])
+    Ok(at)
 }
 
 ep_core::register_lowering!(
@@ -500,7 +521,7 @@ mod tests {
 }
 
 #[cfg(feature = "conformance")]
-mod spec {
+pub(crate) mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Attr, Case, DType, register_spec};
 
@@ -516,6 +537,25 @@ mod spec {
         targets: i64,
         mode: &str,
         missing: bool,
+    ) -> Case {
+        forest_with(case, seed, trees, depth, features, targets, mode, missing, "target", false)
+            .attr_int("n_targets", targets)
+    }
+
+    /// [`forest`]'s trees with the leaf weights in the `{prefix}_*` attributes; with
+    /// `weigh_every_leaf`, every leaf weighs at least one target.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forest_with(
+        case: Case,
+        seed: u64,
+        trees: i64,
+        depth: u32,
+        features: i64,
+        targets: i64,
+        mode: &str,
+        missing: bool,
+        prefix: &str,
+        weigh_every_leaf: bool,
     ) -> Case {
         let mut r = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut next = move |m: u64| {
@@ -542,9 +582,14 @@ mod spec {
                     trues.push(0);
                     falses.push(0);
                     tracks.push(0);
+                    let weighed = next(targets as u64) as i64;
                     for j in 0..targets {
                         // One target: exactly one weight; more: most targets weighted, some twice.
-                        let n = if targets == 1 { 1 } else { [0, 1, 1, 2][next(4) as usize] };
+                        let n = if targets == 1 || (weigh_every_leaf && j == weighed) {
+                            1
+                        } else {
+                            [0, 1, 1, 2][next(4) as usize]
+                        };
                         for _ in 0..n {
                             w_trees.push(t);
                             w_nodes.push(id);
@@ -573,11 +618,10 @@ mod spec {
             .attr("nodes_modes", Attr::Strs(modes))
             .attr_ints("nodes_truenodeids", &trues)
             .attr_ints("nodes_falsenodeids", &falses)
-            .attr_ints("target_treeids", &w_trees)
-            .attr_ints("target_nodeids", &w_nodes)
-            .attr_ints("target_ids", &w_ids)
-            .attr("target_weights", Attr::Floats(w_values))
-            .attr_int("n_targets", targets);
+            .attr_ints(&format!("{prefix}_treeids"), &w_trees)
+            .attr_ints(&format!("{prefix}_nodeids"), &w_nodes)
+            .attr_ints(&format!("{prefix}_ids"), &w_ids)
+            .attr(&format!("{prefix}_weights"), Attr::Floats(w_values));
         if missing { case.attr_ints("nodes_missing_value_tracks_true", &tracks) } else { case }
     }
 
