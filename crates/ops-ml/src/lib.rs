@@ -1,7 +1,8 @@
 //! `ai.onnx.ml` lowerings (the classical machine-learning operators scikit-learn exporters
 //! emit), where inputs and outputs are tensors: Binarizer, Scaler, Normalizer,
 //! ArrayFeatureExtractor, LinearRegressor, LinearClassifier (int64 labels), Imputer, OneHotEncoder, LabelEncoder,
-//! FeatureVectorizer, TreeEnsembleRegressor, TreeEnsembleClassifier (int64 labels, three classes or more), TreeEnsemble.
+//! FeatureVectorizer, TreeEnsembleRegressor, TreeEnsembleClassifier (int64 labels, three classes or more), TreeEnsemble,
+//! SVMRegressor.
 //! Ops with string inputs or outputs stay on ORT's CPU EP.
 //!
 //! # Adding a lowering
@@ -15,6 +16,7 @@ mod encode;
 mod feature_extractor;
 mod linear;
 mod scale;
+mod svm;
 mod tree;
 mod tree_classifier;
 mod tree_v5;
