@@ -300,3 +300,66 @@ fn a_failed_check_in_the_split_prologue_fails_that_run_only() {
     assert_eq!(run(&good).unwrap(), expect(&good));
     assert_eq!(count(&stats.split_runs), 4, "the split serves the next good run: {}", stats.summary());
 }
+
+/// `sum(m) * rows(m)`: the row count baked into the graph as a constant (what a lowering may
+/// do with a dimension that does not grow), the growing axis reduced.
+struct SumTimesRows;
+impl Lowering for SumTimesRows {
+    fn op_type(&self) -> &'static str {
+        "SumTimesRows"
+    }
+    fn opsets(&self) -> std::ops::RangeInclusive<i32> {
+        1..=i32::MAX
+    }
+    fn claim(&self, _: &NodeInfo) -> std::result::Result<(), Decline> {
+        Ok(())
+    }
+    fn lower(&self, ctx: &mut LowerCtx<'_>, _: &NodeInfo) -> Result<Vec<Array>> {
+        let (m, s) = (ctx.input(0)?.clone(), ctx.stream());
+        let rows = mlx::ops::scalar(m.shape()[0] as f64, m.dtype(), s)?;
+        // (Dims kept: a shapeless trace then bakes nothing but the constant.)
+        Ok(vec![mlx::ops::multiply(&mlx::ops::sum_axes(&m, &[0, 1], true, s)?, &rows, s)?])
+    }
+    fn growth(&self, q: &crate::growth::GrowthQuery<'_>) -> crate::growth::GrowthResult {
+        crate::growth::reduction(q, &[0, 1], 2)
+    }
+}
+static SUM_TIMES_ROWS: SumTimesRows = SumTimesRows;
+
+/// The split's compiled prologue is keyed by the dimensions that do not grow: after the mask's
+/// row count changes (a new batch), its next steady steps trace the prologue again (right
+/// values, served by the split) rather than replay the one traced for the old count (whose
+/// boundary no longer fits the split: every such step missed it).
+#[test]
+fn the_compiled_prologue_is_traced_again_for_another_row_count() {
+    let _g = mlx::lock();
+    let registry = Registry::build(&[&SUM_TIMES_ROWS, &MUL]).unwrap();
+    let stats = Arc::new(SessionStats::default());
+    let mut sum = node("SumTimesRows", ["m", "m"], "s");
+    sum.inputs.truncate(1);
+    let mut nodes = vec![sum];
+    for (k, (a, out)) in [("x", "a"), ("a", "b"), ("b", "c"), ("c", "y")].into_iter().enumerate() {
+        let mut n = node("Mul", [a, if k == 0 { "s" } else { "x" }], out);
+        n.name = format!("mul{k}");
+        nodes.push(n);
+    }
+    let plan = make_plan(&registry, nodes, &["x", "m"], &["y"], vec![], &stats, true).unwrap();
+    let x = [1.0f32, 2.0, -1.0, 0.5];
+    let run = |rows: i64, t: i64| {
+        let m: Vec<f32> = (0..rows * t).map(|i| (i % 3) as f32).collect();
+        let inputs = vec![Array::from_slice(&x, &[1, 4]).unwrap(), Array::from_slice(&m, &[rows, t]).unwrap()];
+        let y = plan.run(inputs).unwrap().outputs[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap();
+        let s = m.iter().sum::<f32>() * rows as f32;
+        assert_eq!(y, x.iter().map(|v| v * s * v * v * v).collect::<Vec<_>>(), "{rows} rows of {t}");
+    };
+    for t in 2..6 {
+        run(1, t);
+    }
+    let split = count(&stats.split_runs);
+    assert!(split >= 2, "{}", stats.summary());
+    // A new batch of two rows (the mask shrinks), then its steady steps.
+    for t in 2..6 {
+        run(2, t);
+    }
+    assert!(count(&stats.split_runs) > split, "the new batch's steps ran split: {}", stats.summary());
+}
