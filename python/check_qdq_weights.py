@@ -47,17 +47,30 @@ CASES = [
     ("one row: int8 per column, zero point, float16", T.INT8, 128, 48, "column", True, T.FLOAT16, [1, 128]),
     ("one row: uint4 in blocks of 32, float16", T.UINT4, 64, 16, 32, False, T.FLOAT16, [1, 64]),
 ]
+# Gemm (alpha 0.5, beta 2, a bias row): name, weight type, K, N, layout, zero point, transB, x
+GEMM_CASES = [
+    ("Gemm, int8 per column", T.INT8, 128, 48, "column", True, 0, [3, 128]),
+    ("Gemm transB, int8 per output channel", T.INT8, 128, 48, "column", True, 1, [1, 128]),
+    ("Gemm transB, uint4 in blocks of 32", T.UINT4, 128, 40, 32, True, 1, [4, 128]),
+    ("Gemm transB, int4 per tensor, one row", T.INT4, 64, 16, "tensor", False, 1, [1, 64]),
+]
 
 
-def qdq_model(wt, k, n, layout, zp, xt, x_shape, seed=0, expose=False):
+def qdq_model(wt, k, n, layout, zp, xt, x_shape, seed=0, expose=False, gemm=None):
+    """`x @ DequantizeLinear(w)`; with `gemm` = transB (0 or 1), a Gemm with alpha 0.5, beta 2
+    and a bias row C, `w` stored `[N, K]` under transB."""
     rng = np.random.default_rng(seed)
     lo, hi = RANGES[wt]
-    w = rng.integers(lo, hi + 1, size=(k, n))
+    t = gemm == 1
+    w = rng.integers(lo, hi + 1, size=(n, k) if t else (k, n))
     block = layout if isinstance(layout, int) else 0
-    pshape = [k // block, n] if block else ([n] if layout == "column" else [])
+    if t:
+        pshape = [n, k // block] if block else ([n] if layout == "column" else [])
+    else:
+        pshape = [k // block, n] if block else ([n] if layout == "column" else [])
     npt = np.float32 if xt == T.FLOAT else np.float16
     scale = rng.uniform(0.001, 0.02, size=pshape).astype(npt)
-    inits = [h.make_tensor("w", wt, [k, n], w.flatten().tolist()), nh.from_array(scale, "s")]
+    inits = [h.make_tensor("w", wt, list(w.shape), w.flatten().tolist()), nh.from_array(scale, "s")]
     ins = ["w", "s"]
     z = np.zeros(pshape, np.int64)
     if zp:
@@ -66,15 +79,21 @@ def qdq_model(wt, k, n, layout, zp, xt, x_shape, seed=0, expose=False):
         ins.append("z")
     # The dequantized weight, as numpy computes it (for the benchmark's float model).
     rep = (lambda p: np.repeat(p, block, axis=0)) if block else (lambda p: p)
-    dequantized = ((w - rep(z)) * rep(scale.astype(np.float32))).astype(npt)
-    attrs = {"axis": 0 if block else 1}
+    dequantized = ((w - rep(z)) * rep(scale.astype(np.float32))).astype(npt) if not t else None
+    # Per column of the product (N), or blocks along K: axis 1 / 0 of [K, N], 0 / 1 of [N, K].
+    attrs = {"axis": (1 if block else 0) if t else (0 if block else 1)}
     if block:
         attrs["block_size"] = block
-    nodes = [h.make_node("DequantizeLinear", ins, ["wf"], **attrs), h.make_node("MatMul", ["x", "wf"], ["y"])]
     y_shape = x_shape[:-1] + [n]
+    if gemm is None:
+        nodes = [h.make_node("DequantizeLinear", ins, ["wf"], **attrs), h.make_node("MatMul", ["x", "wf"], ["y"])]
+    else:
+        inits.append(nh.from_array(rng.uniform(-1, 1, size=[n]).astype(npt), "c"))
+        nodes = [h.make_node("DequantizeLinear", ins, ["wf"], **attrs),
+                 h.make_node("Gemm", ["x", "wf", "c"], ["y"], transB=gemm, alpha=0.5, beta=2.0)]
     outputs = [h.make_tensor_value_info("y", xt, y_shape)]
     if expose:
-        outputs.append(h.make_tensor_value_info("wf", xt, [k, n]))
+        outputs.append(h.make_tensor_value_info("wf", xt, [n, k] if t else [k, n]))
     graph = h.make_graph(nodes, "qdq", [h.make_tensor_value_info("x", xt, x_shape)], outputs, inits)
     m = h.make_model(graph, opset_imports=[h.make_opsetid("", 21)])
     m.ir_version = 10
@@ -116,6 +135,19 @@ def check(devices, tmp):
         worst = max(float(np.abs(g.astype(np.float64) - e.astype(np.float64)).max()) for g, e in zip(got, expected))
         print(f"{'ok  ' if ok else 'FAIL'} {name}: max abs diff {worst:.2e}"
               + ("" if placed_on_mlx(session) else " (not every node on the MLX EP)"))
+    for i, (name, wt, k, n, layout, zp, trans_b, x_shape) in enumerate(GEMM_CASES):
+        path = os.path.join(tmp, f"gemm{i}.onnx")
+        onnx.save(qdq_model(wt, k, n, layout, zp, T.FLOAT, x_shape, seed=50 + i, gemm=trans_b)[0], path)
+        feeds = {"x": np.random.default_rng(200 + i).uniform(-1, 1, size=x_shape).astype(np.float32)}
+        expected = reference(path, feeds)
+        session = mlx_session(path, devices)
+        got = session.run(None, feeds)
+        close = np.allclose(got[0], expected[0], rtol=1e-4, atol=1e-4)
+        ok = close and placed_on_mlx(session)
+        failures += not ok
+        worst = float(np.abs(got[0].astype(np.float64) - expected[0]).max())
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: max abs diff {worst:.2e}"
+              + ("" if placed_on_mlx(session) else " (not every node on the MLX EP)"))
     return failures
 
 
@@ -140,11 +172,17 @@ def check_graph(tmp):
     path = os.path.join(tmp, "graph.onnx")
     # One row (a decode step's shape): on a GPU, more rows multiply densely (see
     # AffineWeight::matmul).
-    onnx.save(qdq_model(T.INT8, 128, 48, "column", True, T.FLOAT, [1, 128])[0], path)
-    lines = graph_of_one(path)
-    ok = bool(lines) and all("QuantizedMatmul x" in line and not re.search(r"[ ,:]Matmul x", line) for line in lines)
-    print(f"{'ok  ' if ok else 'FAIL'} the compiled graph multiplies the stored integers: {lines}")
-    return 0 if ok else 1
+    failures = 0
+    for label, model in [("MatMul", qdq_model(T.INT8, 128, 48, "column", True, T.FLOAT, [1, 128])[0]),
+                         ("Gemm transB", qdq_model(T.INT8, 128, 48, "column", True, T.FLOAT, [1, 128], gemm=1)[0])]:
+        onnx.save(model, path)
+        lines = graph_of_one(path)
+        ok = bool(lines) and all("QuantizedMatmul x" in line and not re.search(r"[ ,:]Matmul x", line)
+                                 for line in lines)
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {label}: the compiled graph multiplies the stored integers: "
+              f"{[line.split(': ', 1)[-1] for line in lines]}")
+    return failures
 
 
 def bench(devices, tmp):
@@ -194,7 +232,7 @@ def main():
             bench(devices, tmp)
             return 0
         failures = check(devices, tmp) + check_graph(tmp)
-    print(f"QDQ weights: {len(CASES) + 1 - failures} passed, {failures} failed")
+    print(f"QDQ weights: {len(CASES) + len(GEMM_CASES) + 2 - failures} passed, {failures} failed")
     return 1 if failures else 0
 
 

@@ -61,7 +61,7 @@ impl Lowering for MatMul {
         check_batch_broadcast(&a, &b)?;
         // A weight its producer published in MLX's quantized form (a DequantizeLinear of a
         // constant): multiplied as it is stored, not dequantized.
-        if let Some(w) = ctx.affine_weight(1)
+        if let Some(w) = ctx.affine_weight(1, false)
             && b == [w.k, w.n]
             && a.last() == Some(&w.k)
         {
@@ -118,11 +118,21 @@ impl Lowering for Gemm {
             }
         };
         let a = transposed(0, "transA")?;
-        let b = transposed(1, "transB")?;
+        // A weight its producer published in MLX's quantized form (a DequantizeLinear of a
+        // constant, for B or, with transB, for B's transpose): multiplied as it is stored.
+        let trans_b = node.attr_int("transB", 0).map_err(ep_core::Error::new)? == 1;
+        let b_shape = ctx.input(1)?.shape();
+        let quantized = ctx.affine_weight(1, trans_b).filter(|w| {
+            let kn = if trans_b { [w.n, w.k] } else { [w.k, w.n] };
+            b_shape == kn && a.shape().last() == Some(&w.k)
+        });
         // `alpha * (A' @ B') + beta * C` as a product and a broadcasting add, not MLX's fused
         // addmm: compiled shapeless, addmm keeps the trace's shape for C and corrupts memory
         // when a later call has fewer rows (MLX 0.32.2).
-        let mut out = ops::matmul(&a, &b, s)?;
+        let mut out = match quantized {
+            Some(w) => w.matmul(&a, s)?,
+            None => ops::matmul(&a, &transposed(1, "transB")?, s)?,
+        };
         if alpha != 1.0 {
             out = ops::scale(&out, alpha, s)?;
         }

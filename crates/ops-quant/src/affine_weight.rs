@@ -1,5 +1,6 @@
 //! A DequantizeLinear of a constant matrix weight `[K, N]` (8 or 4 bits, per tensor, per
-//! column, or in blocks along K) publishes MLX's affine form of it
+//! column, or in blocks along K; or `[N, K]` read by a Gemm with transB) publishes MLX's affine
+//! form of it
 //! ([`ep_core::lowering::AffineWeight`]): a MatMul reading its output then runs MLX's quantized
 //! matmul on the stored integers instead of multiplying by the dequantized float weight (the
 //! QDQ form of a weight-quantized model reads a quarter or an eighth of the bytes per run). On
@@ -22,8 +23,9 @@ use ep_core::{LowerCtx, NodeInfo, Result, bail};
 /// Group sizes MLX's quantized kernels support, largest first.
 const GROUPS: [i64; 3] = [128, 64, 32];
 
-/// How the weight is quantized: its size, bits, the shift to unsigned, and the layout of its
-/// scale (`block` 0: per tensor or per column).
+/// How the weight is quantized: its size, bits, the shift to unsigned, the layout of its
+/// scale (`block` 0: per tensor or per column), and whether the matmul's weight is the
+/// output's transpose (`[N, K]`: Gemm's transB).
 struct Form {
     k: i64,
     n: i64,
@@ -32,13 +34,17 @@ struct Form {
     per_column: bool,
     block: i64,
     group: i64,
+    transposed: bool,
 }
 
-/// The form of this DequantizeLinear's weight, when MLX's quantized matmul can take it.
-fn form(ctx: &LowerCtx<'_>, node: &NodeInfo, axis: usize, block: i64) -> Result<Option<Form>> {
+/// The form of this DequantizeLinear's weight (`transposed`: of its transpose), when MLX's
+/// quantized matmul can take it.
+fn form(ctx: &LowerCtx<'_>, node: &NodeInfo, axis: usize, block: i64, transposed: bool) -> Result<Option<Form>> {
     let x = ctx.input(0)?;
     let constant = ctx.is_constant(0) && ctx.is_constant(1) && (ctx.optional_input(2).is_none() || ctx.is_constant(2));
-    let &[k, n] = &x.shape()[..] else { return Ok(None) };
+    let &[rows, cols] = &x.shape()[..] else { return Ok(None) };
+    // K runs along axis 0 of the weight, or along axis 1 of its transpose.
+    let (k, n, k_axis) = if transposed { (cols, rows, 1) } else { (rows, cols, 0) };
     let (bits, shift) = match node.input(0).and_then(|v| v.elem_type) {
         Some(ElemType::I8) => (8, 128),
         Some(ElemType::U8) => (8, 0),
@@ -52,30 +58,49 @@ fn form(ctx: &LowerCtx<'_>, node: &NodeInfo, axis: usize, block: i64) -> Result<
     let scale = ctx.input(1)?.size() as i64;
     let (per_column, group) = if block > 0 {
         // Blocks along K of a size MLX groups by, K a whole number of them.
-        if axis != 0 || !GROUPS.contains(&block) || k % block != 0 {
+        if axis != k_axis || !GROUPS.contains(&block) || k % block != 0 {
             return Ok(None);
         }
         (false, block)
     } else {
         let per_column = scale > 1;
-        if per_column && (axis != 1 || scale != n) {
+        if per_column && (axis == k_axis || scale != n) {
             return Ok(None);
         }
         let Some(&g) = GROUPS.iter().find(|&&g| k % g == 0) else { return Ok(None) };
         (per_column, g)
     };
-    Ok(Some(Form { k, n, bits, shift, per_column, block, group }))
+    Ok(Some(Form { k, n, bits, shift, per_column, block, group, transposed }))
 }
 
-/// Publishes the affine form of output 0 when the weight allows one (see the module's doc);
-/// a weight it does not fit is left as it is.
+/// Publishes the affine form of output 0 when the weight allows one (see the module's doc):
+/// for a MatMul or Gemm reading it as `B`, and for a Gemm its transpose (transB); a weight it
+/// does not fit is left as it is.
 pub(crate) fn publish(ctx: &mut LowerCtx<'_>, node: &NodeInfo, axis: usize, block: i64, out: Dtype) -> Result<()> {
     // GPUs only: MLX's CPU backend multiplies a quantized weight slower than it dequantizes
     // and multiplies densely (a 1024x1024 int8 weight: 1.5 against 0.6 ms for one row).
-    if !ep_core::mlx::gpu_forms() || !ctx.output_read_as(0, "MatMul", 1) {
+    if !ep_core::mlx::gpu_forms() {
         return Ok(());
     }
-    let Some(f) = form(ctx, node, axis, block)? else { return Ok(()) };
+    let gemm = ctx.output_read_as(0, "Gemm", 1);
+    if gemm || ctx.output_read_as(0, "MatMul", 1) {
+        publish_form(ctx, node, axis, block, out, false)?;
+    }
+    if gemm {
+        publish_form(ctx, node, axis, block, out, true)?;
+    }
+    Ok(())
+}
+
+fn publish_form(
+    ctx: &mut LowerCtx<'_>,
+    node: &NodeInfo,
+    axis: usize,
+    block: i64,
+    out: Dtype,
+    transposed: bool,
+) -> Result<()> {
+    let Some(f) = form(ctx, node, axis, block, transposed)? else { return Ok(()) };
     let mut weights = vec![0, 1];
     if ctx.optional_input(2).is_some() {
         weights.push(2);
@@ -87,7 +112,8 @@ pub(crate) fn publish(ctx: &mut LowerCtx<'_>, node: &NodeInfo, axis: usize, bloc
     let compute = if out == Dtype::F32 || !same_type || !ep_core::mlx::default_device_is_gpu() {
         Dtype::F32
     } else {
-        let tag = format!("QDQ affine exact bias bits={} group={} {out:?}", f.bits, f.group);
+        let tag =
+            format!("QDQ affine exact bias bits={} group={} transposed={} {out:?}", f.bits, f.group, f.transposed);
         let flag = ctx.derived_many(&weights, &tag, |args, s| {
             let (_, biases) = scales_and_biases(&f, args, s)?;
             let back = ops::astype(
@@ -102,8 +128,8 @@ pub(crate) fn publish(ctx: &mut LowerCtx<'_>, node: &NodeInfo, axis: usize, bloc
         if flag[0].host_bytes().is_some_and(|b| b == [1]) { out } else { Dtype::F32 }
     };
     let tag = format!(
-        "QDQ affine bits={} group={} per_column={} block={} {compute:?}",
-        f.bits, f.group, f.per_column, f.block
+        "QDQ affine bits={} group={} per_column={} block={} transposed={} {compute:?}",
+        f.bits, f.group, f.per_column, f.block, f.transposed
     );
     let w = ctx.derived_many(&weights, &tag, |args, s| repack(&f, args, compute, s))?;
     let [packed, scales, biases] = &w[..] else { bail!("the affine form has {} parts", w.len()) };
@@ -116,7 +142,7 @@ pub(crate) fn publish(ctx: &mut LowerCtx<'_>, node: &NodeInfo, axis: usize, bloc
         k: f.k,
         n: f.n,
     };
-    ctx.publish(0, &weight)
+    ctx.publish(0, transposed, &weight)
 }
 
 /// Per (column, group) the scale and the bias, `[N, K / group]` row-major, in float32.
@@ -135,7 +161,8 @@ fn scales_and_biases(f: &Form, args: &[&Array], s: &Stream) -> Result<(Vec<f32>,
     for col in 0..n {
         for g in 0..groups {
             let i = if f.block > 0 {
-                g * n + col
+                // [K / block, N], or [N, K / block] for the transpose.
+                if f.transposed { col * groups + g } else { g * n + col }
             } else if f.per_column {
                 col
             } else {
@@ -163,12 +190,15 @@ fn repack(f: &Form, args: &[&Array], compute: Dtype, s: &Stream) -> Result<Vec<A
     let mask = (1u32 << bits) - 1;
     let signed = f.shift > 0;
     let mut packed = vec![0u32; n * words];
-    for (row, values) in q.chunks_exact(n).enumerate() {
-        let (word, at) = (row / per_word, (row % per_word) * bits);
-        for (col, &b) in values.iter().enumerate() {
+    // `q` is `[K, N]`, or `[N, K]` for the transpose; element (k, n) goes to row n, word
+    // k / per_word, at bit (k % per_word) * bits.
+    let line = if f.transposed { k } else { n };
+    for (r, values) in q.chunks_exact(line).enumerate() {
+        for (c, &b) in values.iter().enumerate() {
+            let (kk, nn) = if f.transposed { (c, r) } else { (r, c) };
             let v = if signed { i64::from(b as i8) } else { i64::from(b) };
             let u = ((v + f.shift) as u32) & mask;
-            packed[col * words + word] |= u << at;
+            packed[nn * words + kk / per_word] |= u << ((kk % per_word) * bits);
         }
     }
     let (scales, biases) = scales_and_biases(f, args, s)?;

@@ -117,12 +117,12 @@ impl<'a> LowerCtx<'a> {
         Ok(built)
     }
 
-    /// Tells the nodes built after this one that its output `output` is also what `weight`
-    /// holds (see [`AffineWeight`]). Kept for this build of the partition's graph only;
-    /// outside a plan nothing is kept.
-    pub fn publish(&self, output: usize, weight: &AffineWeight) -> Result<()> {
+    /// Tells the nodes built after this one that its output `output` (`transposed`: the
+    /// output's transpose) is also what `weight` holds (see [`AffineWeight`]). Kept for this
+    /// build of the partition's graph only; outside a plan nothing is kept.
+    pub fn publish(&self, output: usize, transposed: bool, weight: &AffineWeight) -> Result<()> {
         if let (Some(memo), Some(key)) = (self.memo, self.output_keys.get(output)) {
-            memo.0.borrow_mut().insert(format!("{AFFINE_WEIGHT}|{key}"), weight.to_arrays()?);
+            memo.0.borrow_mut().insert(format!("{AFFINE_WEIGHT}|{transposed}|{key}"), weight.to_arrays()?);
         }
         Ok(())
     }
@@ -133,10 +133,11 @@ impl<'a> LowerCtx<'a> {
         self.output_readers.get(output).is_some_and(|r| r.iter().any(|(o, i)| o == op && *i == input))
     }
 
-    /// What the producer of input `input` published about it, if anything.
-    pub fn affine_weight(&self, input: usize) -> Option<AffineWeight> {
+    /// What the producer of input `input` published about it (`transposed`: about its
+    /// transpose), if anything.
+    pub fn affine_weight(&self, input: usize, transposed: bool) -> Option<AffineWeight> {
         let (memo, key) = (self.memo?, self.sources.get(input)?);
-        let found = memo.0.borrow().get(&format!("{AFFINE_WEIGHT}|{key}")).cloned()?;
+        let found = memo.0.borrow().get(&format!("{AFFINE_WEIGHT}|{transposed}|{key}")).cloned()?;
         AffineWeight::from_arrays(&found)
     }
 }
