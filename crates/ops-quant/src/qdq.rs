@@ -595,19 +595,24 @@ pub(crate) mod spec {
         let dims = (1..=6usize, 1..=24i64, shape(0..=2));
         // Float32 activations: MLX's CPU backend multiplies float16 matrices with float16 sums
         // (these weights' products drift past float16's tolerance over K); the float16 forms
-        // are checked by python/check_qdq_weights.py.
-        (qtype(), Just(DType::F32), dims, 0..3u8, 0..3usize, any::<bool>(), seed())
-            .prop_map(|(t, xt, (kk, n, lead), form, b, zp, seed)| {
+        // are checked by python/check_qdq_weights.py. The reader: MatMul, Gemm, Gemm with
+        // transB (the weight stored `[N, K]`; Gemm takes 2-D inputs, a bias row C, alpha, beta).
+        (qtype(), Just(DType::F32), dims, (0..3u8, 0..3usize, 0..3u8), any::<bool>(), seed())
+            .prop_map(|(t, xt, (kk, n, lead), (form, b, reader), zp, seed)| {
                 let k = 32 * kk as i64;
                 let block = [32i64, 64, 128][b];
                 let block = if k % block == 0 { block } else { 32 };
+                let trans_b = reader == 2;
+                let (k_axis, n_axis) = if trans_b { (1, 0) } else { (0, 1) };
                 let (axis, block, p) = match form {
-                    0 => (1, 0, vec![]),
-                    1 => (1, 0, vec![n]),
-                    _ => (0, block, vec![k / block, n]),
+                    0 => (n_axis, 0, vec![]),
+                    1 => (n_axis, 0, vec![n]),
+                    _ if trans_b => (k_axis, block, vec![n, k / block]),
+                    _ => (k_axis, block, vec![k / block, n]),
                 };
+                let w_shape = if trans_b { [n, k] } else { [k, n] };
                 let opset = if block > 0 { 21 } else { 19 };
-                let mut case = Case::op("DequantizeLinear", opset).constant("w", t, &[k, n], full_range(t)).constant(
+                let mut case = Case::op("DequantizeLinear", opset).constant("w", t, &w_shape, full_range(t)).constant(
                     "scale",
                     xt,
                     &p,
@@ -619,7 +624,8 @@ pub(crate) mod spec {
                 if block > 0 {
                     case = case.attr_int("block_size", block);
                 }
-                let mut case = case.attr_int("axis", axis).output("wf", xt, &[k, n]).with_seed(seed);
+                let mut case = case.attr_int("axis", axis).output("wf", xt, &w_shape).with_seed(seed);
+                let lead = if reader == 0 { lead } else { vec![lead.iter().product::<i64>().max(1)] };
                 let mut x_shape = lead.clone();
                 x_shape.push(k);
                 let mut y_shape = lead;
@@ -631,13 +637,29 @@ pub(crate) mod spec {
                     shape: x_shape,
                     values: Values::Uniform { lo: -1.0, hi: 1.0 },
                 });
+                let (op, inputs, attributes) = if reader == 0 {
+                    ("MatMul", vec!["x".into(), "wf".into()], Vec::new())
+                } else {
+                    case.constants.push(conformance_spec::TensorSpec {
+                        name: "c".into(),
+                        dtype: xt,
+                        shape: vec![n],
+                        values: Values::Uniform { lo: -1.0, hi: 1.0 },
+                    });
+                    let attributes = vec![
+                        ("transB".to_string(), conformance_spec::Attr::Int(i64::from(trans_b))),
+                        ("alpha".to_string(), conformance_spec::Attr::Float(0.5)),
+                        ("beta".to_string(), conformance_spec::Attr::Float(2.0)),
+                    ];
+                    ("Gemm", vec!["x".into(), "wf".into(), "c".into()], attributes)
+                };
                 case.nodes.push(conformance_spec::NodeSpec {
                     domain: String::new(),
-                    op: "MatMul".into(),
-                    name: "matmul".into(),
-                    inputs: vec!["x".into(), "wf".into()],
+                    op: op.into(),
+                    name: "reader".into(),
+                    inputs,
                     outputs: vec!["y".into()],
-                    attributes: Vec::new(),
+                    attributes,
                 });
                 case.outputs.push(("y".into(), xt, y_shape));
                 case
