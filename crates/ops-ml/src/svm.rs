@@ -90,8 +90,20 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 1, 1)?;
     require_types(node, &[ElemType::F32])?;
     require_input_rank(node, 0, 2..=2)?;
-    svm(node).map(|_| ()).map_err(Decline)
+    let m = svm(node).map_err(Decline)?;
+    // A declared feature count the model does not take: ORT's CPU EP says why.
+    let wanted = if m.vectors == 0 { m.coefficients.len() as i64 } else { m.support.len() as i64 / m.vectors };
+    if let Some(Some(f)) = node.input(0).and_then(|v| v.shape.as_ref()).and_then(|s| s.get(1).copied())
+        && f != wanted
+    {
+        return Err(Decline(format!("the input has {f} features, the model {wanted}")));
+    }
+    Ok(())
 }
+
+/// The most elements of RBF's `[rows, vectors, features]` differences built at once (64 MiB of
+/// float32).
+const RBF_DIFFERENCES_MAX: i64 = 1 << 24;
 
 fn scalar(v: f32, s: &Stream) -> Result<Array> {
     Ok(ops::scalar(f64::from(v), Dtype::F32, s)?)
@@ -115,9 +127,19 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         // [N, vectors]
         let k = match m.kernel {
             Kernel::Rbf => {
-                // Differences first (as ORT sums them), not |x|^2 + |sv|^2 - 2 x . sv.
-                let d = ops::subtract(&ops::expand_dims(x, 1, s)?, &ops::expand_dims(&sv, 0, s)?, s)?;
-                let sq = ops::sum_axes(&ops::multiply(&d, &d, s)?, &[2], false, s)?;
+                // Differences first (as ORT sums them) while `[N, vectors, F]` stays small;
+                // larger, |x|^2 + |sv|^2 - 2 x . sv (a few ulps apart where x is near sv).
+                let rows = x.shape()[0];
+                let sq = if rows.saturating_mul(m.vectors).saturating_mul(features) <= RBF_DIFFERENCES_MAX {
+                    let d = ops::subtract(&ops::expand_dims(x, 1, s)?, &ops::expand_dims(&sv, 0, s)?, s)?;
+                    ops::sum_axes(&ops::multiply(&d, &d, s)?, &[2], false, s)?
+                } else {
+                    let xx = ops::sum_axes(&ops::multiply(x, x, s)?, &[1], true, s)?;
+                    let vv = ops::sum_axes(&ops::multiply(&sv, &sv, s)?, &[1], false, s)?;
+                    let dot = ops::matmul(x, &ops::transpose_axes(&sv, &[1, 0], s)?, s)?;
+                    let sq = ops::subtract(&ops::add(&xx, &vv, s)?, &ops::multiply(&dot, &scalar(2.0, s)?, s)?, s)?;
+                    ops::maximum(&sq, &scalar(0.0, s)?, s)?
+                };
                 ops::exp(&ops::multiply(&sq, &scalar(-m.gamma, s)?, s)?, s)?
             }
             kernel => {

@@ -7,7 +7,9 @@
 //! - `Z` is the scores after `post_transform`: NONE, SOFTMAX (over every class), LOGISTIC.
 //!
 //! Two classes (ORT's binary rules, which derive the second score from the first), string
-//! labels, and the other transforms stay on ORT's CPU EP.
+//! labels, and the other transforms stay on ORT's CPU EP. (The leaves' weights are gathered as
+//! `[rows, trees, classes]`: a large multi-class boosted forest over many rows takes memory in
+//! proportion.)
 
 use crate::tree::{self, Aggregate, Forest};
 use crate::{ML, floats, ints};
@@ -95,9 +97,13 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         (ops::add(&score, &Array::from_slice(&f.base, &[classes])?, s)?, all)
     };
     // The first highest score among the classes that have one (a row where none has is
-    // given the first class).
-    let ranked = ops::where_(&has, &score, &ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?, s)?;
-    let best = ops::argmax_axis(&ranked, 1, false, s)?;
+    // given the first class). Where the highest is -inf, the first class that has a score
+    // (an unscored class, filled with -inf, must not win the tie).
+    let lowest = ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?;
+    let ranked = ops::where_(&has, &score, &lowest, s)?;
+    let top = ops::max_axes(&ranked, &[1], false, s)?;
+    let first_scored = ops::argmax_axis(&ops::astype(&has, Dtype::U8, s)?, 1, false, s)?;
+    let best = ops::where_(&ops::equal(&top, &lowest, s)?, &first_scored, &ops::argmax_axis(&ranked, 1, false, s)?, s)?;
     let label = ops::take(&Array::from_slice(&c.labels, &[classes])?, &best, 0, s)?;
     let z = match c.transform {
         Transform::None => score,

@@ -82,11 +82,23 @@ pub(crate) fn publish(ctx: &mut LowerCtx<'_>, node: &NodeInfo, axis: usize, bloc
     if !ep_core::mlx::gpu_forms() {
         return Ok(());
     }
-    let gemm = ctx.output_read_as(0, "Gemm", 1);
-    if gemm || ctx.output_read_as(0, "MatMul", 1) {
+    // The orientations the readers want: a MatMul's or a Gemm's B as it is, a Gemm with
+    // transB its transpose.
+    let (mut plain, mut transposed) = (false, false);
+    for (reader, input) in ctx.output_readers(0) {
+        match (reader.qualified_op().as_str(), *input) {
+            ("MatMul", 1) => plain = true,
+            ("Gemm", 1) => match reader.attr_int("transB", 0) {
+                Ok(1) => transposed = true,
+                _ => plain = true,
+            },
+            _ => {}
+        }
+    }
+    if plain {
         publish_form(ctx, node, axis, block, out, false)?;
     }
-    if gemm {
+    if transposed {
         publish_form(ctx, node, axis, block, out, true)?;
     }
     Ok(())

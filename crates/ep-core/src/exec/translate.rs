@@ -101,11 +101,11 @@ impl Translation {
         let memo = crate::lowering::SharedValues::default();
         // Which nodes read each value, and as which input (a producer may publish a form of
         // its output that only some readers use: see `LowerCtx::publish`).
-        let mut readers: HashMap<usize, Vec<(String, usize)>> = HashMap::new();
+        let mut readers: HashMap<usize, Vec<(&crate::NodeInfo, usize)>> = HashMap::new();
         for n in &self.nodes {
             for (i, src) in n.inputs.iter().enumerate() {
                 if let Source::Value(v) = src {
-                    readers.entry(*v).or_default().push((n.info.qualified_op(), i));
+                    readers.entry(*v).or_default().push((&n.info, i));
                 }
             }
         }

@@ -9,6 +9,7 @@
 
 use super::LowerCtx;
 use crate::Result;
+use crate::graph::NodeInfo;
 use crate::mlx::{Array, Stream, ops};
 
 /// Values computed once per build of a partition's graph and reused by every node that asks
@@ -130,7 +131,13 @@ impl<'a> LowerCtx<'a> {
     /// Whether a node of the partition reads output `output` as its input `input` and is a
     /// `op` (qualified: `com.microsoft:X` outside the ONNX domain). Outside a plan, false.
     pub fn output_read_as(&self, output: usize, op: &str, input: usize) -> bool {
-        self.output_readers.get(output).is_some_and(|r| r.iter().any(|(o, i)| o == op && *i == input))
+        self.output_readers(output).iter().any(|(n, i)| n.qualified_op() == op && *i == input)
+    }
+
+    /// The nodes of the partition that read output `output`, each with the input it reads it
+    /// as (their attributes tell how: a Gemm's transB, say). Outside a plan, none.
+    pub fn output_readers(&self, output: usize) -> &[(&'a NodeInfo, usize)] {
+        self.output_readers.get(output).map_or(&[], Vec::as_slice)
     }
 
     /// What the producer of input `input` published about it (`transposed`: about its

@@ -168,7 +168,7 @@ pub struct LowerCtx<'a> {
     /// Per output, which value of the partition it is (the key its consumers' `sources` hold),
     /// and the nodes that read it (qualified op type, input index).
     output_keys: Vec<String>,
-    output_readers: Vec<Vec<(String, usize)>>,
+    output_readers: Vec<Vec<(&'a NodeInfo, usize)>>,
 }
 
 /// What the engine lends a lowering beyond its inputs; implemented by the engine (`exec`), so
@@ -275,7 +275,7 @@ impl<'a> LowerCtx<'a> {
         self
     }
 
-    pub(crate) fn with_outputs(mut self, keys: Vec<String>, readers: Vec<Vec<(String, usize)>>) -> LowerCtx<'a> {
+    pub(crate) fn with_outputs(mut self, keys: Vec<String>, readers: Vec<Vec<(&'a NodeInfo, usize)>>) -> LowerCtx<'a> {
         self.output_keys = keys;
         self.output_readers = readers;
         self
