@@ -152,7 +152,11 @@ fn run_device_io(
 ) -> Result<(f64, f64)> {
     let env = crate::environment()?;
     let device = env.devices().find(|d| d.ep().is_ok_and(|n| n == MLX_EP)).ok_or("the MLX EP offers no device")?;
-    let on_device = |ty, shape: &[i64]| crate::ort_raw::device_tensor(env, &device, ty, shape);
+    let on_device = |ty, shape: &[i64]| {
+        crate::ort_raw::device_tensor(env, &device, ty, shape).map_err(|e| {
+            format!("{e} (--io device needs the EP's own memory: a GPU, or ONNXRUNTIME_EP_MLX_DEVICE_MEMORY=1 on the CPU backend)")
+        })
+    };
     let mut device_inputs = Vec::with_capacity(inputs.len());
     for (name, v) in inputs {
         let ort::value::ValueType::Tensor { ty, shape, .. } = v.dtype() else {
