@@ -117,37 +117,32 @@ def placed_on_mlx(session):
     return all(sg.ep_name == EP for sg in session.get_provider_graph_assignment_info())
 
 
+def check_one(devices, path, name, model, xt, x_shape, seed):
+    onnx.save(model, path)
+    npt = np.float32 if xt == T.FLOAT else np.float16
+    feeds = {"x": np.random.default_rng(seed).uniform(-1, 1, size=x_shape).astype(npt)}
+    expected = reference(path, feeds)
+    session = mlx_session(path, devices)
+    got = session.run(None, feeds)
+    rtol, atol = (1e-4, 1e-4) if xt == T.FLOAT else (1e-2, 1e-2)
+    close = all(np.allclose(g.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol)
+                for g, e in zip(got, expected))
+    on_mlx = placed_on_mlx(session)
+    worst = max(float(np.abs(g.astype(np.float64) - e.astype(np.float64)).max()) for g, e in zip(got, expected))
+    print(f"{'ok  ' if close and on_mlx else 'FAIL'} {name}: max abs diff {worst:.2e}"
+          + ("" if on_mlx else " (not every node on the MLX EP)"))
+    return 0 if close and on_mlx else 1
+
+
 def check(devices, tmp):
     failures = 0
+    path = os.path.join(tmp, "case.onnx")
     for i, (name, wt, k, n, layout, zp, xt, x_shape) in enumerate(CASES):
-        path = os.path.join(tmp, f"case{i}.onnx")
-        onnx.save(qdq_model(wt, k, n, layout, zp, xt, x_shape, seed=i, expose=(i == 1))[0], path)
-        npt = np.float32 if xt == T.FLOAT else np.float16
-        feeds = {"x": np.random.default_rng(100 + i).uniform(-1, 1, size=x_shape).astype(npt)}
-        expected = reference(path, feeds)
-        session = mlx_session(path, devices)
-        got = session.run(None, feeds)
-        rtol, atol = (1e-4, 1e-4) if xt == T.FLOAT else (1e-2, 1e-2)
-        close = all(np.allclose(g.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol)
-                    for g, e in zip(got, expected))
-        ok = close and placed_on_mlx(session)
-        failures += not ok
-        worst = max(float(np.abs(g.astype(np.float64) - e.astype(np.float64)).max()) for g, e in zip(got, expected))
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: max abs diff {worst:.2e}"
-              + ("" if placed_on_mlx(session) else " (not every node on the MLX EP)"))
+        model = qdq_model(wt, k, n, layout, zp, xt, x_shape, seed=i, expose=(i == 1))[0]
+        failures += check_one(devices, path, name, model, xt, x_shape, 100 + i)
     for i, (name, wt, k, n, layout, zp, trans_b, x_shape) in enumerate(GEMM_CASES):
-        path = os.path.join(tmp, f"gemm{i}.onnx")
-        onnx.save(qdq_model(wt, k, n, layout, zp, T.FLOAT, x_shape, seed=50 + i, gemm=trans_b)[0], path)
-        feeds = {"x": np.random.default_rng(200 + i).uniform(-1, 1, size=x_shape).astype(np.float32)}
-        expected = reference(path, feeds)
-        session = mlx_session(path, devices)
-        got = session.run(None, feeds)
-        close = np.allclose(got[0], expected[0], rtol=1e-4, atol=1e-4)
-        ok = close and placed_on_mlx(session)
-        failures += not ok
-        worst = float(np.abs(got[0].astype(np.float64) - expected[0]).max())
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: max abs diff {worst:.2e}"
-              + ("" if placed_on_mlx(session) else " (not every node on the MLX EP)"))
+        model = qdq_model(wt, k, n, layout, zp, T.FLOAT, x_shape, seed=50 + i, gemm=trans_b)[0]
+        failures += check_one(devices, path, name, model, T.FLOAT, x_shape, 200 + i)
     return failures
 
 

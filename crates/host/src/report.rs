@@ -125,14 +125,7 @@ fn run_on(source: &Source, ep: Ep, opts: &Options) -> Result<(EpRun, Vec<InputDe
     let first = Instant::now();
     let outputs = values::run(&mut session, &inputs)?;
     let first_run_ms = first.elapsed().as_secs_f64() * 1e3;
-    let mut times = Vec::with_capacity(opts.repeat);
-    for _ in 0..opts.repeat.max(1) {
-        let t = Instant::now();
-        values::run(&mut session, &inputs)?;
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    times.sort_by(f64::total_cmp);
-    let median_ms = times[times.len() / 2];
+    let median_ms = median_ms(opts.repeat, || values::run(&mut session, &inputs).map(drop))?;
     let device_io = if opts.device_io && ep == Ep::Mlx {
         Some(run_device_io(&mut session, &inputs, &outputs, opts.repeat)?)
     } else {
@@ -178,13 +171,7 @@ fn run_device_io(
         binding.bind_output(name.as_str(), d)?;
     }
     session.run_binding(&binding)?;
-    let mut times = Vec::with_capacity(repeat);
-    for _ in 0..repeat.max(1) {
-        let t = Instant::now();
-        session.run_binding(&binding)?;
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    times.sort_by(f64::total_cmp);
+    let ms = median_ms(repeat, || session.run_binding(&binding).map(drop).map_err(Into::into))?;
     let mut max_diff = 0f64;
     for (e, (_, d)) in expected.iter().zip(&device_outputs) {
         let host = values::tensor_from_f64(e.elem_type, &e.shape, &vec![0.0; e.values.len()])?;
@@ -192,7 +179,19 @@ fn run_device_io(
         let back = values::run_output(&e.name, &host)?;
         max_diff = max_diff.max(values::compare(&back, e)?.0);
     }
-    Ok((times[times.len() / 2], max_diff))
+    Ok((ms, max_diff))
+}
+
+/// The median wall time of `repeat` (at least one) calls of `run`, in milliseconds.
+fn median_ms(repeat: usize, mut run: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut times = Vec::with_capacity(repeat.max(1));
+    for _ in 0..repeat.max(1) {
+        let t = Instant::now();
+        run()?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
 }
 
 /// Runs the model on both EPs and compares them.

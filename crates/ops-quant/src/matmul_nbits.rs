@@ -171,12 +171,7 @@ fn biases_exact(p: &Params, args: &[&Array], dtype: Dtype, s: &Stream) -> Result
     Ok(vec![Array::from_slice(&[exact as u8], &[1])?])
 }
 
-// Rows from which a GPU runs the product as one dequantization and a dense matmul: MLX's
-// quantized kernels for several rows are compiled on first use (tens of seconds on CUDA, and
-// some not at all with the MLX CUDA wheel's headers: see `AffineWeight::matmul`), while
-// dequantizing then multiplying uses kernels MLX ships compiled, costs one pass over the
-// weight, and runs the product on the GPU's matrix units.
-use ep_core::lowering::dense_from_rows;
+use ep_core::lowering::AffineWeight;
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let s = ctx.stream();
@@ -225,12 +220,18 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let y = if affine {
         let tag = format!("MatMulNBits affine bits={} block={} {compute:?}", p.bits, p.block);
         let w = ctx.derived_many(&weights, &tag, |args, s| repack(&p, args, compute, s))?;
-        if gpu && rows >= dense_from_rows() {
-            let dense = ops::dequantize(&w[0], &w[1], &w[2], p.block as i32, p.bits as i32, compute, s)?;
-            ops::matmul(&x, &ops::transpose(&dense, s)?, s)?
-        } else {
-            ops::quantized_matmul(&x, &w[0], &w[1], &w[2], true, p.block as i32, p.bits as i32, s)?
-        }
+        let [packed, scales, biases] = &w[..] else { bail!("the affine form has {} parts", w.len()) };
+        // (The quantized kernel for few rows, a dense product for more on a GPU.)
+        let weight = AffineWeight {
+            packed: packed.clone(),
+            scales: scales.clone(),
+            biases: biases.clone(),
+            group: p.block as i32,
+            bits: p.bits as i32,
+            k: kp,
+            n: p.n,
+        };
+        weight.matmul(&x, s)?
     } else {
         let tag = format!("MatMulNBits dequantized bits={} block={}", p.bits, p.block);
         let w = ctx.derived_many(&weights, &tag, |args, s| dequantize(&p, args, Dtype::F32, s))?;

@@ -255,16 +255,8 @@ impl Plan {
         // only along the growing dimensions, so every other dimension keys the closure here.
         let compiled = {
             let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
-            let growing = st.split.as_ref().map(|(g, _)| g.clone()).unwrap_or_default();
-            let key: InputKey = inputs
-                .iter()
-                .enumerate()
-                .map(|(i, a)| {
-                    let grows = |d: usize| growing.get(i).and_then(|g| g.get(d)).copied().unwrap_or(false);
-                    let dims = a.shape().into_iter().enumerate().map(|(d, n)| if grows(d) && n > 1 { -1 } else { n });
-                    (a.dtype(), dims.collect())
-                })
-                .collect();
+            let shapes: Vec<Vec<i64>> = inputs.iter().map(Array::shape).collect();
+            let key = growing_key(inputs, &shapes, st.split.as_ref().map_or(&[][..], |(g, _)| g.as_slice()));
             match &st.prologue {
                 Some(Prologue::Eager) => None,
                 Some(Prologue::Compiled(k, c, _)) if *k == key => Some(Arc::clone(c)),
@@ -384,16 +376,7 @@ impl Plan {
             }
             st.checked = Some(st.growing.clone());
         }
-        let key = inputs
-            .iter()
-            .zip(&shapes)
-            .zip(&st.growing)
-            .map(|((a, shape), grows)| {
-                let dims = shape.iter().zip(grows).map(|(&d, &g)| if g && d > 1 { -1 } else { d }).collect();
-                (a.dtype(), dims)
-            })
-            .collect();
-        Some(key)
+        Some(growing_key(inputs, &shapes, &st.growing))
     }
 
     pub(super) fn refuse_decode(&self, reason: String) {
@@ -431,4 +414,19 @@ fn prologue_closure(translation: &Arc<Translation>, split: &Arc<Split>) -> Resul
         Ok(out)
     });
     Ok(f.compile(true)?)
+}
+
+/// A key of each input's dtype and shape with its growing dimensions (beyond 1) as -1: every
+/// other dimension exact (lowerings are shape-agnostic along the growing ones only).
+fn growing_key(inputs: &[Array], shapes: &[Vec<i64>], growing: &[Vec<bool>]) -> InputKey {
+    inputs
+        .iter()
+        .zip(shapes)
+        .enumerate()
+        .map(|(i, (a, shape))| {
+            let grows = |d: usize| growing.get(i).and_then(|g| g.get(d)).copied().unwrap_or(false);
+            let dims = shape.iter().enumerate().map(|(d, &n)| if grows(d) && n > 1 { -1 } else { n });
+            (a.dtype(), dims.collect())
+        })
+        .collect()
 }

@@ -275,26 +275,23 @@ pub(super) unsafe fn copy(copies: &[(*mut u8, *const u8, usize)]) -> Result<()> 
         // SAFETY: `src` holds `n` bytes per the caller; the slot lies in the staging buffer.
         unsafe { std::ptr::copy_nonoverlapping(src, slot as *mut u8, n) };
     }
-    let mut queued = Ok(());
+    let mut queued: Result<()>;
     // SAFETY: driver calls on the current (MLX's) context; the ranges are valid per the caller
     // or lie in the staging buffer.
     unsafe {
-        for &(to, from, n) in &direct {
-            let rc = (d.memcpy_async)(to, from, n, stream);
-            if rc != 0 {
-                queued = Err(MlxError(format!("cuMemcpyAsync of {n} bytes failed with CUDA error {rc}")));
-                break;
-            }
-        }
-        if queued.is_ok() && !on_gpu.is_empty() && launch_rows(d, &mut pinned, &on_gpu, stream).is_err() {
-            // (A launch the driver refused runs nothing: the copy engine does them instead.)
-            for &[to, from, n] in &on_gpu {
-                let rc = (d.memcpy_async)(to, from, n as usize, stream);
+        let engine = |copies: &mut dyn Iterator<Item = (u64, u64, usize)>| -> Result<()> {
+            for (to, from, n) in copies {
+                let rc = (d.memcpy_async)(to, from, n, stream);
                 if rc != 0 {
-                    queued = Err(MlxError(format!("cuMemcpyAsync of {n} bytes failed with CUDA error {rc}")));
-                    break;
+                    return Err(MlxError(format!("cuMemcpyAsync of {n} bytes failed with CUDA error {rc}")));
                 }
             }
+            Ok(())
+        };
+        queued = engine(&mut direct.iter().copied());
+        if queued.is_ok() && !on_gpu.is_empty() && launch_rows(d, &mut pinned, &on_gpu, stream).is_err() {
+            // (A launch the driver refused runs nothing: the copy engine does them instead.)
+            queued = engine(&mut on_gpu.iter().map(|&[to, from, n]| (to, from, n as usize)));
         }
         // Waited for even after a failed queueing: no copy may still run when this returns.
         let rc = (d.stream_synchronize)(stream);

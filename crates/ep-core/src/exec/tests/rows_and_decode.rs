@@ -212,15 +212,7 @@ fn a_small_growing_input_is_split_off_and_the_rest_replays_one_fixed_shape_graph
     let _g = mlx::lock();
     let registry = Registry::build(&[&REDUCE_SUM, &MUL]).unwrap();
     let stats = Arc::new(SessionStats::default());
-    let mut sum = node("ReduceSum", ["m", "m"], "s");
-    sum.inputs.truncate(1);
-    let mut nodes = vec![sum];
-    for (k, (a, out)) in [("x", "a"), ("a", "b"), ("b", "c"), ("c", "y")].into_iter().enumerate() {
-        let mut n = node("Mul", [a, if k == 0 { "s" } else { "x" }], out);
-        n.name = format!("mul{k}");
-        nodes.push(n);
-    }
-    let plan = make_plan(&registry, nodes, &["x", "m"], &["y"], vec![], &stats, true).unwrap();
+    let plan = mask_then_muls(&registry, "ReduceSum", &stats);
     let x = [1.0f32, 2.0, -1.0, 0.5];
     for t in 2..8 {
         let m: Vec<f32> = (0..t).map(|i| (i % 3) as f32).collect();
@@ -269,15 +261,7 @@ fn a_failed_check_in_the_split_prologue_fails_that_run_only() {
     let _g = mlx::lock();
     let registry = Registry::build(&[&SUM_CHECKED, &MUL]).unwrap();
     let stats = Arc::new(SessionStats::default());
-    let mut sum = node("SumChecked", ["m", "m"], "s");
-    sum.inputs.truncate(1);
-    let mut nodes = vec![sum];
-    for (k, (a, out)) in [("x", "a"), ("a", "b"), ("b", "c"), ("c", "y")].into_iter().enumerate() {
-        let mut n = node("Mul", [a, if k == 0 { "s" } else { "x" }], out);
-        n.name = format!("mul{k}");
-        nodes.push(n);
-    }
-    let plan = make_plan(&registry, nodes, &["x", "m"], &["y"], vec![], &stats, true).unwrap();
+    let plan = mask_then_muls(&registry, "SumChecked", &stats);
     let x = [1.0f32, 2.0, -1.0, 0.5];
     let run = |m: &[f32]| {
         let inputs = vec![Array::from_slice(&x, &[1, 4]).unwrap(), Array::from_slice(m, &[1, m.len() as i64]).unwrap()];
@@ -335,15 +319,7 @@ fn the_compiled_prologue_is_traced_again_for_another_row_count() {
     let _g = mlx::lock();
     let registry = Registry::build(&[&SUM_TIMES_ROWS, &MUL]).unwrap();
     let stats = Arc::new(SessionStats::default());
-    let mut sum = node("SumTimesRows", ["m", "m"], "s");
-    sum.inputs.truncate(1);
-    let mut nodes = vec![sum];
-    for (k, (a, out)) in [("x", "a"), ("a", "b"), ("b", "c"), ("c", "y")].into_iter().enumerate() {
-        let mut n = node("Mul", [a, if k == 0 { "s" } else { "x" }], out);
-        n.name = format!("mul{k}");
-        nodes.push(n);
-    }
-    let plan = make_plan(&registry, nodes, &["x", "m"], &["y"], vec![], &stats, true).unwrap();
+    let plan = mask_then_muls(&registry, "SumTimesRows", &stats);
     let x = [1.0f32, 2.0, -1.0, 0.5];
     let run = |rows: i64, t: i64| {
         let m: Vec<f32> = (0..rows * t).map(|i| (i % 3) as f32).collect();
@@ -362,4 +338,18 @@ fn the_compiled_prologue_is_traced_again_for_another_row_count() {
         run(2, t);
     }
     assert!(count(&stats.split_runs) > split, "the new batch's steps ran split: {}", stats.summary());
+}
+
+/// `op(m) -> s` over the growing input `m`, then `y = x * s * x * x * x` (four Muls) over the
+/// fixed `x [1, 4]`: a small prologue the split decode slot cuts off, and a graph after it.
+fn mask_then_muls(registry: &Registry, op: &str, stats: &Arc<SessionStats>) -> Plan {
+    let mut sum = node(op, ["m", "m"], "s");
+    sum.inputs.truncate(1);
+    let mut nodes = vec![sum];
+    for (k, (a, out)) in [("x", "a"), ("a", "b"), ("b", "c"), ("c", "y")].into_iter().enumerate() {
+        let mut n = node("Mul", [a, if k == 0 { "s" } else { "x" }], out);
+        n.name = format!("mul{k}");
+        nodes.push(n);
+    }
+    make_plan(registry, nodes, &["x", "m"], &["y"], vec![], stats, true).unwrap()
 }
