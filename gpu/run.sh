@@ -34,6 +34,8 @@
 #   hostcopy the copies between host memory and the EP's per ONNXRUNTIME_EP_MLX_HOST_COPY mode
 #            (direct, staged, kernel): the fp16 decoder (KV in the EP's memory, spans per run)
 #            and the CNNs with host-bound inputs and outputs
+#   kerneltimes a decoder's first generation on an empty kernel cache ($PRESETS), then the
+#            modules MLX compiled in order with the time each took (gpu/kernel_times.py)
 #   cmd      the command in $GPU_CMD, in this environment (for one-off measurements)
 #   keep     the JIT kernel cache into $OUT/kernels.tar.gz (a later machine can carry it
 #            back: MLX_EP_KERNELS=path/kernels.tar.gz unpacks it before anything runs)
@@ -279,6 +281,18 @@ for s in "${sections[@]}"; do
               | grep -E "bare compiled|graph per run|MLXExecutionProvider: [0-9.]+ ms" | cut -c1-220
           done
         done
+      done ;;
+    kerneltimes)
+      # A decoder's first generation on an empty kernel cache ($PRESETS, default the fp16 one),
+      # then which modules MLX compiled, in order, with the time each took (gpu/kernel_times.py).
+      for p in ${PRESETS:-qwen2.5-0.5b-fp16}; do
+        section "kerneltimes: decoder $p, KV in the EP's memory, empty kernel cache"
+        rm -rf "/tmp/mlx-kt-$p" "/tmp/nv-kt-$p"
+        start=$(date +%s.%N)
+        ONNXRUNTIME_EP_MLX_KERNEL_CACHE="/tmp/mlx-kt-$p" CUDA_CACHE_PATH="/tmp/nv-kt-$p" MLX_EP_RUN_PROGRESS=1 \
+          ONNXRUNTIME_EP_MLX_VERBOSE=1 timed 240 "cold llm $p" mlx-ep-run llm --preset "$p" --kv device \
+          --prompt 128 --steps 32 2>&1 | grep -vE "^\s+step ([3-9]|[12][0-9]|3[0-2]):" | cut -c1-400
+        python3 gpu/kernel_times.py "/tmp/mlx-kt-$p" --start "$start"
       done ;;
     cmd)
       section "command: $GPU_CMD"

@@ -205,13 +205,11 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         // (present is past's buffer, the new tokens follow a prompt), and checked on the
         // device, `S < total <= past`; a run where it does not hold is built apart.
         Err(_) if ctx.tracing() && past_len > g.seq && ctx.input(6)?.size() == 1 => {
-            let t = ops::reshape(&ops::astype(ctx.input(6)?, Dtype::I32, s)?, &[1], s)?;
-            let fits = ops::logical_and(
-                &ops::greater(&t, &int(g.seq, s)?, s)?,
-                &ops::less_equal(&t, &int(past_len, s)?, s)?,
-                s,
-            )?;
-            ctx.guard(&fits)?;
+            let t = ctx.input(6)?.clone();
+            if !t.dtype().is_integer() {
+                bail!("total_sequence_length is {:?}, not an integer", t.dtype());
+            }
+            ctx.guard_range(&t, g.seq + 1, past_len)?;
             past_len
         }
         Err(e) => return Err(Error::new(format!("total_sequence_length: {e}"))),
@@ -240,12 +238,12 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let tag = format!("GroupQueryAttention lengths b={} s={} first={first_prompt}", g.batch, g.seq);
     let lengths = ctx.shared(&[5], &tag, |ctx| {
         let seqlens = ops::reshape(&ops::astype(ctx.input(5)?, Dtype::I32, s)?, &[g.batch, 1, 1, 1], s)?;
-        let t_b = ops::add(&seqlens, &int(1, s)?, s)?;
-        let past_b = if first_prompt {
-            ops::full(&[g.batch, 1, 1, 1], &int(0, s)?, Dtype::I32, s)?
-        } else {
-            ops::subtract(&t_b, &int(g.seq, s)?, s)?
-        };
+        // Constants of the lengths' own shape: a scalar would be broadcast first, and MLX
+        // would fuse each broadcast and its one operation into a kernel of its own (on CUDA
+        // NVRTC-compiled, seconds each, on a machine's first run).
+        let per_entry = |v: i64| Array::from_slice(&vec![v as i32; g.batch as usize], &[g.batch, 1, 1, 1]);
+        let t_b = ops::add(&seqlens, &per_entry(1)?, s)?;
+        let past_b = if first_prompt { per_entry(0)? } else { ops::add(&seqlens, &per_entry(1 - g.seq)?, s)? };
         Ok(vec![seqlens, t_b, past_b])
     })?;
     let (seqlens, t_b, past_b) = (lengths[0].clone(), lengths[1].clone(), lengths[2].clone());
@@ -305,11 +303,10 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     // lengths grow, so it is not checked against a traced bound).
     // (Checked once per graph: every layer reads the same lengths.)
     ctx.shared(&[5], &format!("GroupQueryAttention seqlens check len={present_len}"), |ctx| {
-        let last = ops::scalar((present_len - 1) as f64, Dtype::I32, s)?;
-        let valid =
-            ops::logical_and(&ops::greater_equal(&seqlens, &int(0, s)?, s)?, &ops::less_equal(&seqlens, &last, s)?, s)?;
-        ctx.check(
-            &valid,
+        ctx.check_range(
+            &seqlens,
+            0,
+            present_len - 1,
             format!("a seqlens_k entry is outside [0, {present_len}) (the present holds {present_len} rows)"),
         )?;
         Ok(Vec::new())

@@ -59,8 +59,8 @@ pub(crate) fn rotate(
 }
 
 /// The rows of the cos and sin caches for `positions` (`[B, S]` integers), as float32
-/// `[B, 1, S, rotary_dim / 2]`. A position outside the caches fails the run (it is clamped
-/// until the check is read, so no read leaves the caches).
+/// `[B, 1, S, rotary_dim / 2]`. A position outside the caches fails the run (it is wrapped
+/// into them until the check is read, so no read leaves the caches).
 pub(crate) fn angles(
     ctx: &mut LowerCtx<'_>,
     cos_cache: &Array,
@@ -73,16 +73,15 @@ pub(crate) fn angles(
     if rows == 0 {
         bail!("the cos/sin caches have no rows");
     }
-    // Checked and clamped in 64 bits (position ids are int64: casting first would wrap 2^40
-    // into range), then narrowed for the gather.
-    let p = ops::astype(positions, Dtype::I64, s)?;
-    let (zero, last) = (ops::scalar(0.0, Dtype::I64, s)?, ops::scalar((rows - 1) as f64, Dtype::I64, s)?);
-    let inside = ops::logical_and(&ops::greater_equal(&p, &zero, s)?, &ops::less_equal(&p, &last, s)?, s)?;
-    ctx.check(
-        &inside,
+    // Checked as they are (position ids are int64: a cast to 32 bits would wrap 2^40 into
+    // range), then wrapped into the caches (one remainder; the check fails the run first).
+    ctx.check_range(
+        positions,
+        0,
+        rows - 1,
         format!("a position is outside the cos/sin caches' {rows} rows (it must lie within [0, {}])", rows - 1),
     )?;
-    let p = ops::astype(&ops::clip(&p, Some(&zero), Some(&last), s)?, Dtype::I32, s)?;
+    let p = ctx.wrapped(positions, rows, s)?;
     let pick = |cache: &Array| -> Result<Array> {
         let half = cache.shape()[1];
         let rows = ops::take(cache, &p, 0, s)?;

@@ -82,8 +82,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         -rows,
         rows - 1
     );
-    let safe = ctx.checked_indices(&indices, &ops::scalar(rows.max(1) as f64, Dtype::I64, s)?, &reason, s)?;
-    let safe = ops::astype(&safe, Dtype::I32, s)?;
+    let safe = ctx.checked_index(&indices, rows.max(1), &reason, s)?;
     let q = unpack(&ops::take(data, &safe, 0, s)?, bits, s)?;
     let width = *q.shape().last().ok_or_else(|| Error::new("data has no columns"))?;
     let q = ops::astype(&q, Dtype::F32, s)?;

@@ -23,7 +23,7 @@ fn positions(ctx: &mut LowerCtx<'_>, idx: &Array, dim: i64, axis: usize, s: &Str
         -dim,
         dim - 1
     );
-    ctx.checked_indices(idx, &ops::scalar(dim.max(1) as f64, Dtype::I64, s)?, &reason, s)
+    ctx.checked_index(idx, dim.max(1), &reason, s)
 }
 
 fn lower_gather(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {

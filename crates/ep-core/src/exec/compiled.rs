@@ -167,7 +167,7 @@ impl Traced {
             match (packed.pop(), built.flags) {
                 // The flags ride at the end of the packed starts: one host read for both.
                 (Some(starts), Some(flags)) => {
-                    let flags = ops::astype(&flags, Dtype::I32, &stream)?;
+                    let starts = ops::astype(&starts, Dtype::I64, &stream)?;
                     packed.push(ops::concatenate(&[starts, flags], 0, &stream)?);
                     outputs.extend(packed);
                 }
@@ -347,16 +347,20 @@ impl Plan {
             let groups = extra.split_off(updates);
             // One read of every start (and flag), one host pointer per packed array (see
             // `pack_rows`).
-            let mut starts = starts_all.to_vec::<i32>(&Stream::cpu()?)?;
-            if folded {
-                let at = starts.len().checked_sub(meta.flags.count()).ok_or_else(|| Error::new("flags missing"))?;
-                let flags: Vec<bool> = starts.split_off(at).into_iter().map(|v| v != 0).collect();
+            let starts: Vec<i32> = if folded {
+                // The starts widened to int64 to ride with the flags (see `compile`).
+                let mut all = starts_all.to_vec::<i64>(&Stream::cpu()?)?;
+                let at = all.len().checked_sub(meta.flags.count()).ok_or_else(|| Error::new("flags missing"))?;
+                let flags = all.split_off(at);
                 match meta.flags.judge(&flags, true)? {
                     Verdict::Valid => {}
                     Verdict::GuardMiss => return Ok(Applied::GuardMiss),
                     Verdict::Invalid(e) => return Ok(Applied::Invalid(e)),
                 }
-            }
+                all.into_iter().map(|v| v as i32).collect()
+            } else {
+                starts_all.to_vec::<i32>(&Stream::cpu()?)?
+            };
             let (mut at, mut offsets) = (0usize, vec![0usize; groups.len()]);
             for ((&(input, axis, ref output), rows), &g) in meta.rows_at.iter().zip(extra).zip(&meta.row_groups) {
                 let shape = inputs.get(input).map(Array::shape).unwrap_or_default();

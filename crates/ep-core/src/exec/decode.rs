@@ -6,6 +6,7 @@ use super::compiled::{Applied, CompiledCache, InputKey, Traced};
 use super::translate::{Part, Split, TraceMode, Translation};
 use super::{Plan, Source};
 use crate::Result;
+use crate::mlx::device::Fusion;
 use crate::mlx::{Array, Closure, Dtype, MlxError, Stream, VectorArray};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -259,7 +260,7 @@ impl Plan {
             let key = growing_key(inputs, &shapes, st.split.as_ref().map_or(&[][..], |(g, _)| g.as_slice()));
             match &st.prologue {
                 Some(Prologue::Eager) => None,
-                Some(Prologue::Compiled(k, c, _)) if *k == key => Some(Arc::clone(c)),
+                Some(Prologue::Compiled(k, c, ran)) if *k == key => Some((Arc::clone(c), *ran)),
                 _ => {
                     let made = prologue_closure(&self.translation, split).map(Arc::new);
                     st.prologue = Some(match &made {
@@ -271,12 +272,12 @@ impl Plan {
                             Prologue::Eager
                         }
                     });
-                    made.ok()
+                    made.ok().map(|c| (c, false))
                 }
             }
         };
-        if let Some(closure) = compiled {
-            match self.apply_prologue(&closure, split, inputs) {
+        if let Some((closure, ran)) = compiled {
+            match self.apply_prologue(&closure, split, inputs, !ran) {
                 Ok(boundary) => {
                     if let Some(Prologue::Compiled(_, _, ran)) =
                         &mut self.decode.lock().unwrap_or_else(|p| p.into_inner()).prologue
@@ -303,8 +304,23 @@ impl Plan {
         Ok(Some(built.outputs).filter(|b| !b.is_empty() || split.boundary.is_empty()))
     }
 
-    fn apply_prologue(&self, closure: &Closure, split: &Split, inputs: &[Array]) -> Result<Option<Vec<Array>>> {
-        let mut boundary = closure.apply(inputs).map_err(crate::Error::from)?;
+    /// Applies the compiled prologue; its first application traces it, with fused kernels only
+    /// where every graph is fused ([`Fusion::All`]): on CUDA the prologue's few small
+    /// integer operations would be kernels NVRTC compiles for seconds each on a first run,
+    /// and cost a step microseconds unfused.
+    fn apply_prologue(
+        &self,
+        closure: &Closure,
+        split: &Split,
+        inputs: &[Array],
+        first: bool,
+    ) -> Result<Option<Vec<Array>>> {
+        let mut boundary = if first {
+            crate::mlx::device::traced_with_fusion(self.fusion == Fusion::All, || closure.apply(inputs))?
+        } else {
+            closure.apply(inputs)
+        }
+        .map_err(crate::Error::from)?;
         let n = split.boundary.len();
         if boundary.len() < n {
             return Err(crate::Error::new(format!("the prologue returned {} values for {n}", boundary.len())));

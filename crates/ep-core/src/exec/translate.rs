@@ -83,7 +83,7 @@ impl Translation {
         let (tracing, shapeless) = (mode != TraceMode::Eager, mode == TraceMode::Shapeless);
         let mut write_backs = Vec::new();
         let mut rows_at = Vec::new();
-        let mut guards: Vec<Array> = Vec::new();
+        let mut guards: Vec<Check> = Vec::new();
         let mut checks: Vec<Check> = Vec::new();
         let mut values: Vec<Option<Array>> = vec![None; self.num_values];
         if let Part::Main(split) = part {
@@ -203,10 +203,8 @@ impl Translation {
                 .map(|&v| values[v].clone().ok_or_else(|| Error::new("a boundary value was not produced")));
             let outputs = boundary.collect::<Result<Vec<_>>>()?;
             let mut conds = Vec::with_capacity(guards.len() + checks.len());
-            for cond in guards.iter().chain(checks.iter().map(|c| &c.cond)) {
-                let axes: Vec<i32> = (0..cond.ndim() as i32).collect();
-                let all = mlx::ops::all_axes(&mlx::ops::astype(cond, Dtype::Bool, stream)?, &axes, false, stream)?;
-                conds.push(mlx::ops::reshape(&all, &[1], stream)?);
+            for c in guards.iter().chain(&checks) {
+                conds.push(c.holds(stream)?);
             }
             let cond = if conds.is_empty() { None } else { Some(mlx::ops::concatenate(&conds, 0, stream)?) };
             if tracing {
@@ -238,37 +236,48 @@ impl Translation {
             // contiguous itself.
             results.push(mlx::ops::astype(&a, out.dtype, stream)?);
         }
-        // The guards: conditions of one shape are joined elementwise (fused in a compiled
-        // graph), then reduced once per shape.
-        let mut by_shape: Vec<(Vec<i64>, Array)> = Vec::new();
-        for g in guards {
-            let shape = g.shape();
-            match by_shape.iter_mut().find(|(s, _)| *s == shape) {
-                Some((_, acc)) => *acc = mlx::ops::logical_and(acc, &g, stream)?,
-                None => by_shape.push((shape, g)),
+        // The guard and the data checks travel as one int64 vector (one small read after the
+        // evaluation tells both), built from reductions, reshapes and concatenations only: on
+        // CUDA every distinct chain of elementwise operations MLX fuses is a kernel NVRTC
+        // compiles on a machine's first run (seconds each), and the conditions are the same
+        // in every model.
+        // Boolean guards joined into one entry; range guards two entries each.
+        let (ranged, boolean): (Vec<Check>, Vec<Check>) = guards.into_iter().partition(|g| g.bounds().is_some());
+        let flat = boolean
+            .iter()
+            .filter_map(|g| match &g.what {
+                crate::lowering::Checked::All(cond) => Some(cond),
+                crate::lowering::Checked::Range { .. } => None,
+            })
+            .map(|g| Ok(mlx::ops::reshape(&mlx::ops::astype(g, Dtype::Bool, stream)?, &[-1], stream)?))
+            .collect::<Result<Vec<_>>>()?;
+        let guard = match flat.len() {
+            0 => None,
+            n => {
+                let joined = if n == 1 { flat[0].clone() } else { mlx::ops::concatenate(&flat, 0, stream)? };
+                let all = mlx::ops::all_axes(&joined, &[0], false, stream)?;
+                Some(mlx::ops::reshape(&mlx::ops::astype(&all, Dtype::I64, stream)?, &[1], stream)?)
             }
+        };
+        let mut flags: Vec<Array> = guard.iter().cloned().collect();
+        let mut guard_ranges = Vec::with_capacity(ranged.len());
+        for g in &ranged {
+            flags.extend(g.flag_values(stream)?);
+            guard_ranges.extend(g.bounds());
         }
-        let mut guard: Option<Array> = None;
-        for (shape, cond) in by_shape {
-            let all = mlx::ops::all_axes(&cond, &(0..shape.len() as i32).collect::<Vec<_>>(), false, stream)?;
-            guard = Some(match guard {
-                Some(acc) => mlx::ops::logical_and(&acc, &all, stream)?,
-                None => all,
-            });
-        }
-        // The guard and the data checks travel as one boolean vector: one small read after
-        // the evaluation tells both.
-        let mut flags = Vec::with_capacity(guard.is_some() as usize + checks.len());
-        flags.extend(guard.as_ref().map(|g| mlx::ops::reshape(g, &[1], stream)).transpose()?);
-        let mut reasons = Vec::with_capacity(checks.len());
+        let mut kinds = Vec::with_capacity(checks.len());
         for c in checks {
-            let axes: Vec<i32> = (0..c.cond.ndim() as i32).collect();
-            let all = mlx::ops::all_axes(&mlx::ops::astype(&c.cond, Dtype::Bool, stream)?, &axes, false, stream)?;
-            flags.push(mlx::ops::reshape(&all, &[1], stream)?);
-            reasons.push(c.reason);
+            flags.extend(c.flag_values(stream)?);
+            kinds.push((c.bounds(), c.reason));
         }
         let flags = if flags.is_empty() { None } else { Some(mlx::ops::concatenate(&flags, 0, stream)?) };
-        Ok(Built { outputs: results, write_backs, rows_at, flags, meta: Flags { guard: guard.is_some(), reasons } })
+        Ok(Built {
+            outputs: results,
+            write_backs,
+            rows_at,
+            flags,
+            meta: Flags { guard: guard.is_some(), guard_ranges, checks: kinds },
+        })
     }
 
     /// The identity of a constant input for the derived-constant cache: the address of its
@@ -334,43 +343,63 @@ pub(super) struct Built {
     pub(super) meta: Flags,
 }
 
-/// What the entries of a built graph's flag vector mean: the guard first when there is one,
-/// then one entry per data check, with the error it raises.
+/// What the entries of a built graph's int64 flag vector mean: the guard first when there is
+/// one (0 or 1), then each data check's entries with the error it raises: one (0 or 1) for a
+/// boolean check, two (the minimum and the maximum) for a range check with its bounds.
 #[derive(Default, Clone, Debug)]
 pub(super) struct Flags {
     pub(super) guard: bool,
-    pub(super) reasons: Vec<String>,
+    /// The range guards' bounds, two entries each after the boolean guard's.
+    pub(super) guard_ranges: Vec<(i64, i64)>,
+    pub(super) checks: Vec<(Option<(i64, i64)>, String)>,
 }
 
 impl Flags {
     pub(super) fn any(&self) -> bool {
-        self.guard || !self.reasons.is_empty()
+        self.guard || !self.guard_ranges.is_empty() || !self.checks.is_empty()
     }
 
     /// Reads the evaluated flag vector: a guard miss (where `guarded`: an exact run has no use
     /// for its guard), the first failed check, or a valid run.
     pub(super) fn read(&self, flags: &Array, stream: &Stream, guarded: bool) -> Result<Verdict> {
-        self.judge(&flags.to_vec::<bool>(stream)?, guarded)
+        self.judge(&flags.to_vec::<i64>(stream)?, guarded)
     }
 
-    /// How many flags there are.
+    /// How many entries the flag vector has.
     pub(super) fn count(&self) -> usize {
-        self.guard as usize + self.reasons.len()
+        self.guard as usize
+            + 2 * self.guard_ranges.len()
+            + self.checks.iter().map(|(b, _)| if b.is_some() { 2 } else { 1 }).sum::<usize>()
     }
 
     /// [`Self::read`] of flag values already on the host.
-    pub(super) fn judge(&self, values: &[bool], guarded: bool) -> Result<Verdict> {
-        if values.len() != self.guard as usize + self.reasons.len() {
+    pub(super) fn judge(&self, values: &[i64], guarded: bool) -> Result<Verdict> {
+        if values.len() != self.count() {
             return Err(Error::new(format!("{} flags evaluated for {:?}", values.len(), self)));
         }
-        if guarded && self.guard && !values[0] {
+        let base = self.guard as usize;
+        let ranges_hold = (self.guard_ranges.iter().enumerate())
+            .all(|(k, &(lo, hi))| lo <= values[base + 2 * k] && values[base + 2 * k + 1] <= hi);
+        let mut at = base + 2 * self.guard_ranges.len();
+        if guarded && ((self.guard && values[0] == 0) || !ranges_hold) {
             return Ok(Verdict::GuardMiss);
         }
-        let checks = &values[self.guard as usize..];
-        match checks.iter().position(|ok| !ok) {
-            Some(i) => Ok(Verdict::Invalid(Error::new(self.reasons[i].clone()))),
-            None => Ok(Verdict::Valid),
+        for (bounds, reason) in &self.checks {
+            let holds = match bounds {
+                Some((lo, hi)) => {
+                    at += 2;
+                    *lo <= values[at - 2] && values[at - 1] <= *hi
+                }
+                None => {
+                    at += 1;
+                    values[at - 1] != 0
+                }
+            };
+            if !holds {
+                return Ok(Verdict::Invalid(Error::new(reason.clone())));
+            }
         }
+        Ok(Verdict::Valid)
     }
 }
 

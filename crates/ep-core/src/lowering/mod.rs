@@ -23,7 +23,9 @@
 //! attributes) and says why it declines anything else; `lower` only builds MLX graph nodes
 //! (no evaluation, no IO) and returns one array per node output, in order.
 
+mod checks;
 mod facts;
+pub use checks::{Check, Checked};
 pub use facts::{AffineWeight, SharedValues, dense_from_rows};
 
 use crate::error::{Error, Result};
@@ -157,7 +159,7 @@ pub struct LowerCtx<'a> {
     /// Building the decode slot's shapeless trace (see [`LowerCtx::shapeless`]).
     shapeless: bool,
     row_updates: Vec<RowUpdate>,
-    guards: Vec<Array>,
+    guards: Vec<Check>,
     checks: Vec<Check>,
     /// Values of enclosing scopes by name (the node's implicit inputs), for its subgraphs.
     scope: Option<&'a std::collections::HashMap<String, Array>>,
@@ -197,14 +199,6 @@ pub(crate) struct SubgraphCall<'c> {
     pub shapeless: bool,
     pub scope: Option<&'c std::collections::HashMap<String, Array>>,
     pub checks: &'c mut Vec<Check>,
-}
-
-/// A condition on runtime data a lowering declared (see [`LowerCtx::check`]).
-pub struct Check {
-    /// Boolean, true everywhere when the data is valid.
-    pub cond: Array,
-    /// What is wrong when it is not.
-    pub reason: String,
 }
 
 /// A lowering's declaration that node output `aliased_output` is node input `input` with only
@@ -306,43 +300,12 @@ impl<'a> LowerCtx<'a> {
         std::mem::take(&mut self.row_updates)
     }
 
-    pub(crate) fn take_guards(&mut self) -> Vec<Array> {
+    pub(crate) fn take_guards(&mut self) -> Vec<Check> {
         std::mem::take(&mut self.guards)
     }
 
     pub(crate) fn take_checks(&mut self) -> Vec<Check> {
         std::mem::take(&mut self.checks)
-    }
-
-    /// Declares that the node's result is defined only when `cond` (a boolean array) is true
-    /// everywhere: a condition on runtime data that the model cannot promise (indices within
-    /// range). The engine evaluates it with the outputs, in the same evaluation, and where it
-    /// is false the run fails with `reason`, prefixed with the node. The graph built must stay
-    /// memory-safe whatever the data (clamp indices before using them, as
-    /// [`Self::checked_indices`] does): the condition is read only after the evaluation.
-    pub fn check(&mut self, cond: &Array, reason: impl Into<String>) -> Result<()> {
-        self.checks.push(Check { cond: cond.clone(), reason: reason.into() });
-        Ok(())
-    }
-
-    /// `indices` (any integer type) as int64 positions within `0..dims`, negative indices
-    /// counting from the end; `dims` (int64) broadcasts against `indices`. An index outside
-    /// `-dim..dim` fails the run with `reason` (see [`Self::check`]); until the check is read
-    /// it is clamped into range, so the gather or scatter that uses it never touches memory
-    /// outside its tensor. Every dimension in `dims` must be at least 1: a lowering handles an
-    /// empty axis itself (there is nothing to index).
-    pub fn checked_indices(&mut self, indices: &Array, dims: &Array, reason: &str, s: &Stream) -> Result<Array> {
-        use crate::mlx::{Dtype, ops};
-        let idx = ops::astype(indices, Dtype::I64, s)?;
-        let dims = ops::astype(dims, Dtype::I64, s)?;
-        let zero = ops::scalar(0.0, Dtype::I64, s)?;
-        let one = ops::scalar(1.0, Dtype::I64, s)?;
-        let inside =
-            ops::logical_and(&ops::greater_equal(&idx, &ops::negative(&dims, s)?, s)?, &ops::less(&idx, &dims, s)?, s)?;
-        self.check(&inside, reason)?;
-        let wrapped = ops::where_(&ops::less(&idx, &zero, s)?, &ops::add(&idx, &dims, s)?, &idx, s)?;
-        let last = ops::subtract(&dims, &one, s)?;
-        Ok(ops::clip(&wrapped, Some(&zero), Some(&last), s)?)
     }
 
     /// Whether the graph being built is the decode slot's shapeless trace: it is replayed
@@ -356,17 +319,6 @@ impl<'a> LowerCtx<'a> {
     /// [`LowerCtx::guard`].
     pub fn shapeless(&self) -> bool {
         self.shapeless
-    }
-
-    /// Declares that the graph being built is right only when `cond` (a boolean array) is
-    /// true everywhere. The engine evaluates the condition with the outputs, in the same
-    /// evaluation; where it is false, the run's outputs are discarded and the run is built
-    /// again another way (from the decode slot's split graph to its shapeless one, from there
-    /// to the exact shape-keyed closure, from a closure to an eager build, which reads the
-    /// data as it is).
-    pub fn guard(&mut self, cond: &Array) -> Result<()> {
-        self.guards.push(cond.clone());
-        Ok(())
     }
 
     /// The values of integer input `i` on the host. A constant input is read from its host copy

@@ -226,8 +226,8 @@ pub(super) unsafe fn copy(copies: &[(*mut u8, *const u8, usize)]) -> Result<()> 
     // (done before and after the device work), and copies the copy engine does directly.
     let mut on_gpu: Vec<[u64; 3]> = Vec::new();
     let mut direct: Vec<(u64, u64, usize)> = Vec::new();
-    let mut ups: Vec<(usize, *const u8, usize)> = Vec::new();
-    let mut downs: Vec<(*mut u8, usize, usize)> = Vec::new();
+    let mut ups: Vec<(*mut u8, *const u8, usize)> = Vec::new();
+    let mut downs: Vec<(*mut u8, *const u8, usize)> = Vec::new();
     let mut staged = 0usize;
     let mut planned: Vec<(*mut u8, *const u8, usize, bool, bool)> = Vec::with_capacity(copies.len());
     // Memory is of one kind per 4 KiB page (host, managed, device and pinned memory are all
@@ -258,9 +258,9 @@ pub(super) unsafe fn copy(copies: &[(*mut u8, *const u8, usize)]) -> Result<()> 
             let through_kernel = mode == HostCopy::Kernel && kernel;
             let (from, to) = if sd { (src as u64, slot as u64) } else { (slot as u64, dst as u64) };
             if sd {
-                downs.push((dst, slot, n));
+                downs.push((dst, slot as *const u8, n));
             } else {
-                ups.push((slot, src, n));
+                ups.push((slot as *mut u8, src, n));
             }
             if through_kernel {
                 on_gpu.push([to, from, n as u64]);
@@ -271,10 +271,8 @@ pub(super) unsafe fn copy(copies: &[(*mut u8, *const u8, usize)]) -> Result<()> 
             direct.push((dst as u64, src as u64, n));
         }
     }
-    for &(slot, src, n) in &ups {
-        // SAFETY: `src` holds `n` bytes per the caller; the slot lies in the staging buffer.
-        unsafe { std::ptr::copy_nonoverlapping(src, slot as *mut u8, n) };
-    }
+    // SAFETY: `src` holds `n` bytes per the caller; the slots are disjoint in the staging buffer.
+    unsafe { super::host_copy::copy(&ups) };
     let mut queued: Result<()>;
     // SAFETY: driver calls on the current (MLX's) context; the ranges are valid per the caller
     // or lie in the staging buffer.
@@ -300,10 +298,8 @@ pub(super) unsafe fn copy(copies: &[(*mut u8, *const u8, usize)]) -> Result<()> 
             return Err(MlxError(format!("cuStreamSynchronize failed with CUDA error {rc}")));
         }
     }
-    for &(dst, slot, n) in &downs {
-        // SAFETY: `dst` holds `n` bytes per the caller; the slot was filled by the wait above.
-        unsafe { std::ptr::copy_nonoverlapping(slot as *const u8, dst, n) };
-    }
+    // SAFETY: `dst` holds `n` bytes per the caller; the slots were filled by the wait above.
+    unsafe { super::host_copy::copy(&downs) };
     Ok(())
 }
 

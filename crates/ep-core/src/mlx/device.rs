@@ -34,7 +34,8 @@ pub enum Fusion {
     /// first time it runs, which a graph run once or a few times (a prompt, a CNN) does not win
     /// back, and a decode step does many times over (2.5x faster steps on an H100). A shapeless
     /// decode graph (a growing cache) is not fused: fusing it bought nothing measurable (12.6
-    /// against 12.8 ms per fp16 step on an H100) for 44 s more of first run.
+    /// against 12.8 ms per fp16 step on an H100) for 44 s more of first run; nor is the split
+    /// step's prologue (a few small integer operations: three kernels of 3-6 s each).
     DecodeSteps,
 }
 

@@ -34,6 +34,10 @@ impl Dtype {
         matches!(self, Dtype::F16 | Dtype::BF16 | Dtype::F32 | Dtype::F64)
     }
 
+    pub fn is_integer(self) -> bool {
+        !self.is_float() && self != Dtype::Bool
+    }
+
     pub(crate) fn to_raw(self) -> mlx_dtype {
         match self {
             Dtype::Bool => mlx_dtype::MLX_BOOL,

@@ -507,6 +507,15 @@ pub fn scatter(
 /// A scalar of `dtype` holding `v` (integers exactly, up to 2^53; floats rounded to `dtype`
 /// and kept exact inside compiled kernels, see [`exact_float`]).
 pub fn scalar(v: f64, dtype: Dtype, s: &Stream) -> Result<Array> {
+    // An integer that the type holds is made in that type: a cast would be one more operation
+    // in every graph that uses the constant (and in the chains MLX fuses).
+    macro_rules! exact { ($($d:ident => $t:ty),*) => { match dtype {
+        $(Dtype::$d if v.fract() == 0.0 && v >= <$t>::MIN as f64 && v <= <$t>::MAX as f64 => {
+            return Array::from_slice(&[v as $t], &[]);
+        })*
+        _ => {}
+    } } }
+    exact!(I8 => i8, I16 => i16, I32 => i32, U8 => u8, U16 => u16, U32 => u32);
     let a = if dtype == Dtype::F64 {
         exact_float(v, Dtype::F64, &[], s)?
     } else if dtype.is_float() {

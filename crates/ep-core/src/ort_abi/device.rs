@@ -111,12 +111,26 @@ static FRESH: AtomicU64 = AtomicU64::new(0);
 static REUSED: AtomicU64 = AtomicU64::new(0);
 static ALLOC_NS: AtomicU64 = AtomicU64::new(0);
 
-/// The process's allocations of the EP's memory so far, for the verbose summary.
+/// ORT's `CopyTensors` calls (its copies of host inputs into the EP's memory and of outputs
+/// back, outside the partitions' runs): calls, tensors, bytes and time, for the verbose summary.
+static TRANSFER_CALLS: AtomicU64 = AtomicU64::new(0);
+static TRANSFER_TENSORS: AtomicU64 = AtomicU64::new(0);
+static TRANSFER_BYTES: AtomicU64 = AtomicU64::new(0);
+static TRANSFER_NS: AtomicU64 = AtomicU64::new(0);
+
+/// The process's allocations of the EP's memory and ORT's copies through the EP so far, for
+/// the verbose summary.
 pub(crate) fn allocation_summary() -> Option<String> {
     let (fresh, reused) = (FRESH.load(Ordering::Relaxed), REUSED.load(Ordering::Relaxed));
     (fresh + reused > 0).then(|| {
         let ms = ALLOC_NS.load(Ordering::Relaxed) as f64 / 1e6;
-        format!("the EP's memory (process-wide): {fresh} blocks allocated, {reused} reused, {ms:.3} ms in all")
+        let calls = TRANSFER_CALLS.load(Ordering::Relaxed);
+        let (tensors, bytes) = (TRANSFER_TENSORS.load(Ordering::Relaxed), TRANSFER_BYTES.load(Ordering::Relaxed));
+        let copy_ms = TRANSFER_NS.load(Ordering::Relaxed) as f64 / 1e6;
+        format!(
+            "the EP's memory (process-wide): {fresh} blocks allocated, {reused} reused, {ms:.3} ms in all; \
+             ORT's copies through the EP: {calls} calls, {tensors} tensors, {bytes} bytes, {copy_ms:.3} ms in all"
+        )
     })
 }
 
@@ -305,8 +319,14 @@ unsafe extern "system" fn copy_tensors(
             }
             copies.push((dp, sp.cast_const(), sn));
         }
+        let started = std::time::Instant::now();
         // SAFETY: each pair is two live tensors of `n` bytes that ORT owns for this call.
-        unsafe { copy_many(&copies) }
+        let copied = unsafe { copy_many(&copies) };
+        TRANSFER_NS.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        TRANSFER_CALLS.fetch_add(1, Ordering::Relaxed);
+        TRANSFER_TENSORS.fetch_add(count as u64, Ordering::Relaxed);
+        TRANSFER_BYTES.fetch_add(copies.iter().map(|c| c.2 as u64).sum(), Ordering::Relaxed);
+        copied
     })
 }
 

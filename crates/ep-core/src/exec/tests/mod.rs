@@ -7,6 +7,7 @@ use crate::lowering::Decline;
 use crate::lowering::LowerCtx;
 use crate::mlx::{self, Array, Dtype, Stream};
 
+mod checks;
 mod retry;
 mod rows_and_decode;
 
@@ -169,53 +170,6 @@ static RUN_BODY: TestLowering = TestLowering {
         ctx.run_subgraph(body, vec![])
     },
 };
-
-/// `take(x, i)` along axis 0 with the indices checked against the rows of `x`.
-static TAKE_CHECKED: TestLowering = TestLowering {
-    op: "TakeChecked",
-    safety: CompileSafety::ShapeKeyed,
-    lower: |ctx, _| {
-        let (x, i, s) = (ctx.input(0)?.clone(), ctx.input(1)?.clone(), ctx.stream());
-        let rows = mlx::ops::scalar(x.shape()[0] as f64, Dtype::I64, s)?;
-        let i = ctx.checked_indices(&i, &rows, "index out of range", s)?;
-        Ok(vec![mlx::ops::take(&x, &i, 0, s)?])
-    },
-};
-
-#[test]
-fn a_failed_data_check_fails_the_run_naming_the_node_and_later_runs_still_replay() {
-    let registry = Registry::build(&[&TAKE_CHECKED]).unwrap();
-    let _g = mlx::lock();
-    let s = Stream::cpu().unwrap();
-    for compile in [true, false] {
-        let stats = Arc::new(SessionStats::default());
-        let plan = make_plan(
-            &registry,
-            vec![node("TakeChecked", ["x", "i"], "y")],
-            &["x", "i"],
-            &["y"],
-            vec![],
-            &stats,
-            compile,
-        )
-        .unwrap();
-        let x = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
-        let run = |idx: &[i64]| plan.run(vec![x.clone(), Array::from_slice(idx, &[idx.len() as i64]).unwrap()]);
-        assert_eq!(run(&[3, -4]).unwrap().outputs[0].to_vec::<f32>(&s).unwrap(), vec![4.0, 1.0]);
-        for bad in [[4i64, 0], [0, -5], [1 << 40, 0], [i64::MIN, 0]] {
-            let err = run(&bad).err().expect("an out-of-range index fails the run");
-            assert!(err.0.contains("TakeChecked_node") && err.0.contains("index out of range"), "{err}");
-        }
-        // A user's bad data is no reason to change how the partition runs.
-        assert_eq!(run(&[2, -1]).unwrap().outputs[0].to_vec::<f32>(&s).unwrap(), vec![3.0, 4.0]);
-        if compile {
-            assert_eq!(plan.mode(), Mode::ShapeKeyed);
-            assert_eq!(count(&stats.traces), 1, "every run replays the one trace");
-        } else {
-            assert!(matches!(plan.mode(), Mode::Eager(_)));
-        }
-    }
-}
 
 fn value(name: &str) -> Option<ValueInfo> {
     Some(ValueInfo { name: name.into(), elem_type: Some(ElemType::F32), shape: None, is_constant: false })
