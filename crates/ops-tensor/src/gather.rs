@@ -29,6 +29,22 @@ fn positions(ctx: &mut LowerCtx<'_>, idx: &Array, dim: i64, axis: usize, s: &Str
 fn lower_gather(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let (x, idx, s) = (ctx.input(0)?.clone(), ctx.input(1)?.clone(), ctx.stream());
     let axis = normalize_axis(node.attr_int("axis", 0)?, x.ndim())?;
+    // One constant index (a `Shape -> Gather` picking a dimension, say): a slice, which is a
+    // view, where a gather is a kernel (on CUDA one more JIT-compiled on a first run). Not in
+    // a shapeless trace: the slice would keep the traced shape.
+    if let (false, Some([k])) = (ctx.shapeless(), ctx.constant_i64(1)?.as_deref()) {
+        let dim = x.shape()[axis];
+        let at = if *k < 0 { k + dim } else { *k };
+        if !(0..dim).contains(&at) {
+            bail!("index {k} is out of range for axis {axis} of {dim} entries");
+        }
+        let (mut start, mut stop) = (vec![0; x.ndim()], x.shape());
+        (start[axis], stop[axis]) = (at, at + 1);
+        let picked = ops::slice(&x, &start, &stop, s)?;
+        let mut shape = x.shape();
+        shape.splice(axis..=axis, idx.shape());
+        return Ok(vec![ops::reshape(&picked, &shape, s)?]);
+    }
     let idx = positions(ctx, &idx, x.shape()[axis], axis, s)?;
     Ok(vec![ops::take(&x, &idx, axis as i32, s)?])
 }
@@ -174,8 +190,9 @@ mod spec {
             index_dtype(),
             opset(7..=22),
             seed(),
+            (any::<bool>(), any::<prop::sample::Index>()),
         )
-            .prop_map(|(t, s, is, pick, it, v, seed)| {
+            .prop_map(|(t, s, is, pick, it, v, seed, (constant, at))| {
                 let axis = pick.index(s.len());
                 let d = s[axis] as f64;
                 let mut out = s[..axis].to_vec();
@@ -183,12 +200,15 @@ mod spec {
                 out.extend(&s[axis + 1..]);
                 // Negative indices are defined from opset 11.
                 let lo = if v >= 11 { -d } else { 0.0 };
-                Case::op("Gather", v)
-                    .input("x", t, &s)
-                    .input_with("idx", it, &is, Values::Uniform { lo, hi: d })
-                    .attr_int("axis", axis as i64)
-                    .output("y", t, &out)
-                    .with_seed(seed)
+                let case = Case::op("Gather", v).input("x", t, &s);
+                // One constant index (a dimension picked from a shape, say) runs as a slice.
+                let case = if constant && is.iter().product::<i64>() == 1 {
+                    let k = lo as i64 + at.index((d - lo) as usize) as i64;
+                    case.constant("idx", it, &is, Values::Data(vec![k as f64]))
+                } else {
+                    case.input_with("idx", it, &is, Values::Uniform { lo, hi: d })
+                };
+                case.attr_int("axis", axis as i64).output("y", t, &out).with_seed(seed)
             })
             .boxed()
     });
