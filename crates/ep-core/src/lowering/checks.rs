@@ -82,8 +82,8 @@ impl LowerCtx<'_> {
     /// lies within `lo..=hi`. Prefer it to a hand-built comparison: it is read as two
     /// reductions (see [`Checked::Range`]).
     pub fn check_range(&mut self, values: &Array, lo: i64, hi: i64, reason: impl Into<String>) -> Result<()> {
-        if !values.dtype().is_integer() {
-            return Err(Error::new(format!("check_range takes integers, not {:?}", values.dtype())));
+        if !fits_i64(values.dtype()) {
+            return Err(Error::new(format!("check_range takes integers of up to 63 bits, not {:?}", values.dtype())));
         }
         self.checks.push(Check { what: Checked::Range { values: values.clone(), lo, hi }, reason: reason.into() });
         Ok(())
@@ -99,7 +99,8 @@ impl LowerCtx<'_> {
     pub fn checked_indices(&mut self, indices: &Array, dims: &Array, reason: &str, s: &Stream) -> Result<Array> {
         use crate::mlx::{Dtype, ops};
         let idx = ops::astype(indices, Dtype::I64, s)?;
-        let dims = ops::astype(dims, Dtype::I64, s)?;
+        // (At least 1, as the caller promises: a remainder by zero must never run.)
+        let dims = ops::maximum(&ops::astype(dims, Dtype::I64, s)?, &Array::from_slice(&[1i64], &[])?, s)?;
         let inside =
             ops::logical_and(&ops::greater_equal(&idx, &ops::negative(&dims, s)?, s)?, &ops::less(&idx, &dims, s)?, s)?;
         self.check(&inside, reason)?;
@@ -153,10 +154,16 @@ impl LowerCtx<'_> {
     /// [`Self::guard`] on every element of the integer array `values` lying within
     /// `lo..=hi`, read as two reductions (see [`Checked::Range`]).
     pub fn guard_range(&mut self, values: &Array, lo: i64, hi: i64) -> Result<()> {
-        if !values.dtype().is_integer() {
-            return Err(Error::new(format!("guard_range takes integers, not {:?}", values.dtype())));
+        if !fits_i64(values.dtype()) {
+            return Err(Error::new(format!("guard_range takes integers of up to 63 bits, not {:?}", values.dtype())));
         }
         self.guards.push(Check { what: Checked::Range { values: values.clone(), lo, hi }, reason: String::new() });
         Ok(())
     }
+}
+
+/// Whether every value of `dtype` is an int64 (the range checks compare int64 minima and
+/// maxima): the integers but uint64.
+fn fits_i64(dtype: crate::mlx::Dtype) -> bool {
+    dtype.is_integer() && dtype != crate::mlx::Dtype::U64
 }

@@ -63,3 +63,34 @@ fn a_failed_data_check_fails_the_run_naming_the_node_and_later_runs_still_replay
         }
     }
 }
+
+/// The int64 flag vector's layout: the boolean guard, two entries per range guard, then one
+/// entry per boolean check or two per range check, each judged in that order.
+#[test]
+fn flags_are_judged_entry_by_entry_in_the_order_they_are_built() {
+    use crate::exec::translate::{Flags, Verdict};
+    let flags = Flags {
+        guard: true,
+        guard_ranges: vec![(2, 5)],
+        checks: vec![(None, "first".into()), (Some((-3, 3)), "second".into()), (None, "third".into())],
+    };
+    assert_eq!(flags.count(), 1 + 2 + 1 + 2 + 1);
+    let verdict = |v: &[i64], guarded| match flags.judge(v, guarded).unwrap() {
+        Verdict::Valid => "valid".to_owned(),
+        Verdict::GuardMiss => "guard miss".to_owned(),
+        Verdict::Invalid(e) => e.0,
+    };
+    assert_eq!(verdict(&[1, 2, 5, 1, -3, 3, 1], true), "valid");
+    // The boolean guard, then a range guard's minimum or maximum outside its bounds.
+    for missed in [[0, 2, 5], [1, 1, 5], [1, 2, 6]] {
+        let v: Vec<i64> = missed.iter().copied().chain([1, -3, 3, 1]).collect();
+        assert_eq!(verdict(&v, true), "guard miss");
+        // An exact run has no use for its guards.
+        assert_eq!(verdict(&v, false), "valid");
+    }
+    assert_eq!(verdict(&[1, 2, 5, 0, -3, 3, 1], true), "first");
+    assert_eq!(verdict(&[1, 2, 5, 1, -4, 3, 1], true), "second");
+    assert_eq!(verdict(&[1, 2, 5, 1, -3, 4, 0], true), "second");
+    assert_eq!(verdict(&[1, 2, 5, 1, 0, 0, 0], true), "third");
+    assert!(flags.judge(&[1, 2, 5], true).is_err(), "a short vector is an error, not a verdict");
+}
