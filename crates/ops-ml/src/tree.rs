@@ -538,12 +538,13 @@ pub(crate) mod spec {
         mode: &str,
         missing: bool,
     ) -> Case {
-        forest_with(case, seed, trees, depth, features, targets, mode, missing, "target", false)
+        forest_with(case, seed, trees, depth, features, targets, mode, missing, "target", false, (0, false))
             .attr_int("n_targets", targets)
     }
 
     /// [`forest`]'s trees with the leaf weights in the `{prefix}_*` attributes; with
-    /// `weigh_every_leaf`, every leaf weighs at least one target.
+    /// `weigh_every_leaf`, every leaf weighs at least one target. Target `j` is written as id
+    /// `first_id + j`; with `positive`, no weight is negative.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forest_with(
         case: Case,
@@ -556,6 +557,7 @@ pub(crate) mod spec {
         missing: bool,
         prefix: &str,
         weigh_every_leaf: bool,
+        (first_id, positive): (i64, bool),
     ) -> Case {
         let mut r = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut next = move |m: u64| {
@@ -593,8 +595,9 @@ pub(crate) mod spec {
                         for _ in 0..n {
                             w_trees.push(t);
                             w_nodes.push(id);
-                            w_ids.push(j);
-                            w_values.push((next(17) as f32 - 8.0) * 0.125);
+                            w_ids.push(first_id + j);
+                            let w = (next(17) as f32 - 8.0) * 0.125;
+                            w_values.push(if positive { w.abs() * 0.25 } else { w });
                         }
                     }
                     continue;

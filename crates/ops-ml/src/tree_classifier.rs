@@ -6,8 +6,15 @@
 //! - the label is that of the first class with the highest score among those that have one;
 //! - `Z` is the scores after `post_transform`: NONE, SOFTMAX (over every class), LOGISTIC.
 //!
-//! Two classes (ORT's binary rules, which derive the second score from the first), string
-//! labels, and the other transforms stay on ORT's CPU EP. (The leaves' weights are gathered as
+//! Two classes follow ORT's binary rules where every leaf weighs one and the same class (the
+//! binary exports of gradient-boosting libraries and scikit-learn): that class's sum `v`
+//! (plus the base value where it is class 0 and one is given: ORT ignores it for class 1)
+//! decides the label, `v > 0.5` with no negative weight and `v > 0` otherwise; the scores
+//! are `[σ(-v), σ(v)]` under LOGISTIC, else `[1 - v, v]` with no negative weight and `[-v, v]`
+//! with one, for class 0, and the transform of `[0, v]` for class 1 (a row no leaf weighed takes class
+//! 0's form with `v = 0`). Leaves weighing both classes (ORT then labels rows 0 and 1, not
+//! with the class labels), two base values, string labels, and the other transforms stay on
+//! ORT's CPU EP. (The leaves' weights are gathered as
 //! `[rows, trees, classes]`: a large multi-class boosted forest over many rows takes memory in
 //! proportion.)
 
@@ -28,6 +35,8 @@ struct Classifier {
     forest: Forest,
     labels: Vec<i64>,
     transform: Transform,
+    /// Two classes: the class every leaf weighs, and whether no weight is negative.
+    binary: Option<(usize, bool)>,
 }
 
 fn classifier(node: &NodeInfo) -> std::result::Result<Classifier, String> {
@@ -44,9 +53,22 @@ fn classifier(node: &NodeInfo) -> std::result::Result<Classifier, String> {
         }
     }
     let labels = ints(node, "classlabels_int64s").to_vec();
-    if labels.len() < 3 || labels.len() > 4096 {
-        return Err(format!("{} classes (3 to 4096 are supported; two follow ORT's binary rules)", labels.len()));
+    if labels.len() < 2 || labels.len() > 4096 {
+        return Err(format!("{} classes (2 to 4096 are supported)", labels.len()));
     }
+    let binary = if labels.len() == 2 {
+        let ids = ints(node, "class_ids");
+        let class = match ids.first() {
+            Some(&c @ (0 | 1)) if ids.iter().all(|&i| i == c) => c as usize,
+            _ => return Err("two classes with leaves weighing both (ORT labels those rows 0 and 1)".into()),
+        };
+        if floats(node, "base_values").len() > 1 {
+            return Err("two classes with two base values".into());
+        }
+        Some((class, !floats(node, "class_weights").iter().any(|&w| w < 0.0)))
+    } else {
+        None
+    };
     let transform = match node.attr("post_transform") {
         None => Transform::None,
         Some(AttrValue::String(t)) => match t.as_str() {
@@ -58,11 +80,11 @@ fn classifier(node: &NodeInfo) -> std::result::Result<Classifier, String> {
         Some(other) => return Err(format!("post_transform={other:?} is not a string")),
     };
     let bases = floats(node, "base_values").len();
-    if bases != 0 && bases != labels.len() {
+    if bases != 0 && bases != labels.len() && binary.is_none() {
         return Err(format!("{bases} base values for {} classes", labels.len()));
     }
     let forest = tree::build(node, labels.len(), Aggregate::Sum, "class")?;
-    Ok(Classifier { forest, labels, transform })
+    Ok(Classifier { forest, labels, transform, binary })
 }
 
 fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -89,6 +111,9 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let score = ops::sum_axes(&ops::take(&Array::from_slice(&f.weights, &[n, classes])?, &at, 0, s)?, &[1], false, s)?;
     let has = ops::any_axes(&ops::take(&Array::from_slice(&f.has, &[n, classes])?, &at, 0, s)?, &[1], false, s)?;
     let zero = ops::scalar(0.0, Dtype::F32, s)?;
+    if let Some((class, positive)) = c.binary {
+        return binary(&score, &has, class, positive, &c, s);
+    }
     let (score, has) = if f.base.is_empty() {
         (ops::where_(&has, &score, &zero, s)?, has)
     } else {
@@ -113,6 +138,52 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     Ok(vec![label, z])
 }
 
+/// ORT's two-class rules (see the module's documentation) over the class sums `score` and
+/// `has` (`[rows, 2]`).
+fn binary(
+    score: &Array,
+    has: &Array,
+    class: usize,
+    positive: bool,
+    c: &Classifier,
+    s: &ep_core::mlx::Stream,
+) -> Result<Vec<Array>> {
+    let rows = score.shape()[0];
+    let column = |a: &Array| ops::slice(a, &[0, class as i64], &[rows, class as i64 + 1], s);
+    let (sum, reached) = (column(score)?, column(has)?);
+    let f = |v: f64| ops::scalar(v, Dtype::F32, s);
+    // A base value counts for class 0 only (ORT ignores it for class 1).
+    let sum = match (class, c.forest.base.first()) {
+        (0, Some(&b)) => ops::add(&sum, &f(f64::from(b))?, s)?,
+        _ => sum,
+    };
+    let v = ops::where_(&reached, &sum, &f(0.0)?, s)?;
+    let above = ops::greater(&v, &f(if positive { 0.5 } else { 0.0 })?, s)?;
+    let labels = |k: usize| Array::from_slice(&[c.labels[k]], &[1, 1]);
+    let label = ops::reshape(&ops::where_(&above, &labels(1)?, &labels(0)?, s)?, &[rows], s)?;
+    let pair = |a: &Array, b: &Array| ops::concatenate(&[a.clone(), b.clone()], 1, s);
+    let neg = ops::negative(&v, s)?;
+    // One value (class 0's form): `[σ(-v), σ(v)]` under LOGISTIC; otherwise no transform.
+    let one = if c.transform == Transform::Logistic {
+        pair(&ops::sigmoid(&neg, s)?, &ops::sigmoid(&v, s)?)?
+    } else if positive {
+        pair(&ops::subtract(&f(1.0)?, &v, s)?, &v)?
+    } else {
+        pair(&neg, &v)?
+    };
+    let z = if class == 0 {
+        one
+    } else {
+        let two = match c.transform {
+            Transform::None => pair(&ops::full(&v.shape(), &f(0.0)?, Dtype::F32, s)?, &v)?,
+            Transform::Logistic => pair(&ops::full(&v.shape(), &f(0.5)?, Dtype::F32, s)?, &ops::sigmoid(&v, s)?)?,
+            Transform::Softmax => pair(&ops::sigmoid(&neg, s)?, &ops::sigmoid(&v, s)?)?,
+        };
+        ops::where_(&reached, &two, &one, s)?
+    };
+    Ok(vec![label, z])
+}
+
 ep_core::register_lowering!(
     TREE_ENSEMBLE_CLASSIFIER = FnLowering {
         domain: ML,
@@ -132,26 +203,46 @@ mod spec {
 
     register_spec!(super::TREE_ENSEMBLE_CLASSIFIER, || {
         (
-            (1..=6i64, 1..=5i64, 1..=4i64, 0..=4u32, 3..=5i64),
+            (1..=6i64, 1..=5i64, 1..=4i64, 0..=4u32, 2..=5i64),
             select(&["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "mixed"][..]),
             (select(&["NONE", "SOFTMAX", "LOGISTIC"][..]), any::<bool>(), any::<bool>()),
+            (0..=1i64, any::<bool>()),
             seed(),
         )
-            .prop_map(|((n, features, trees, depth, classes), mode, (transform, base, missing), seed)| {
-                let case =
-                    Case::domain_op("ai.onnx.ml", "TreeEnsembleClassifier", 1).input("x", DType::F32, &[n, features]);
-                let case = crate::tree::spec::forest_with(
-                    case, seed, trees, depth, features, classes, mode, missing, "class", true,
-                );
-                let labels: Vec<i64> = (0..classes).map(|j| 10 * j + 3).collect();
-                let case = case.attr_ints("classlabels_int64s", &labels).attr_str("post_transform", transform);
-                let case = if base {
-                    case.attr("base_values", Attr::Floats((0..classes).map(|j| j as f32 * 0.25 - 0.5).collect()))
-                } else {
-                    case
-                };
-                case.output("y", DType::I64, &[n]).output("z", DType::F32, &[n, classes]).with_seed(seed)
-            })
+            .prop_map(
+                |((n, features, trees, depth, classes), mode, (transform, base, missing), (class, positive), seed)| {
+                    let case = Case::domain_op("ai.onnx.ml", "TreeEnsembleClassifier", 1).input(
+                        "x",
+                        DType::F32,
+                        &[n, features],
+                    );
+                    // Two classes: every leaf weighs one class (`class`), as binary exports do.
+                    let (weighed, first, positive) =
+                        if classes == 2 { (1, class, positive) } else { (classes, 0, false) };
+                    let case = crate::tree::spec::forest_with(
+                        case,
+                        seed,
+                        trees,
+                        depth,
+                        features,
+                        weighed,
+                        mode,
+                        missing,
+                        "class",
+                        true,
+                        (first, positive),
+                    );
+                    let labels: Vec<i64> = (0..classes).map(|j| 10 * j + 3).collect();
+                    let case = case.attr_ints("classlabels_int64s", &labels).attr_str("post_transform", transform);
+                    let bases = if classes == 2 { 1 } else { classes };
+                    let case = if base {
+                        case.attr("base_values", Attr::Floats((0..bases).map(|j| j as f32 * 0.25 - 0.5).collect()))
+                    } else {
+                        case
+                    };
+                    case.output("y", DType::I64, &[n]).output("z", DType::F32, &[n, classes]).with_seed(seed)
+                },
+            )
             .boxed()
     });
 }
