@@ -29,21 +29,34 @@ fn positions(ctx: &mut LowerCtx<'_>, idx: &Array, dim: i64, axis: usize, s: &Str
 fn lower_gather(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let (x, idx, s) = (ctx.input(0)?.clone(), ctx.input(1)?.clone(), ctx.stream());
     let axis = normalize_axis(node.attr_int("axis", 0)?, x.ndim())?;
-    // One constant index (a `Shape -> Gather` picking a dimension, say): a slice, which is a
-    // view, where a gather is a kernel (on CUDA one more JIT-compiled on a first run). Not in
-    // a shapeless trace: the slice would keep the traced shape.
-    if let (false, Some([k])) = (ctx.shapeless(), ctx.constant_i64(1)?.as_deref()) {
-        let dim = x.shape()[axis];
+    // One constant index (a `Shape -> Gather` picking a dimension, say): no gather kernel
+    // (on CUDA one more JIT-compiled on a first run). From constant data, the entries are
+    // picked here; otherwise a slice, a view, except in a shapeless trace (the slice would
+    // keep the traced shape).
+    if let Some([k]) = ctx.constant_i64(1)?.as_deref() {
+        let xs = x.shape();
+        let dim = xs[axis];
         let at = if *k < 0 { k + dim } else { *k };
         if !(0..dim).contains(&at) {
             bail!("index {k} is out of range for axis {axis} of {dim} entries");
         }
-        let (mut start, mut stop) = (vec![0; x.ndim()], x.shape());
-        (start[axis], stop[axis]) = (at, at + 1);
-        let picked = ops::slice(&x, &start, &stop, s)?;
-        let mut shape = x.shape();
+        let mut shape = xs.clone();
         shape.splice(axis..=axis, idx.shape());
-        return Ok(vec![ops::reshape(&picked, &shape, s)?]);
+        if let Some(bytes) = x.host_bytes() {
+            let inner = xs[axis + 1..].iter().product::<i64>() as usize * x.dtype().size_in_bytes();
+            let (dim, at) = (dim as usize, at as usize);
+            let picked: Vec<u8> = if dim * inner == 0 {
+                Vec::new()
+            } else {
+                bytes.chunks(dim * inner).flat_map(|outer| &outer[at * inner..(at + 1) * inner]).copied().collect()
+            };
+            return Ok(vec![Array::from_bytes(&picked, &shape, x.dtype())?]);
+        }
+        if !ctx.shapeless() {
+            let (mut start, mut stop) = (vec![0; x.ndim()], xs);
+            (start[axis], stop[axis]) = (at, at + 1);
+            return Ok(vec![ops::reshape(&ops::slice(&x, &start, &stop, s)?, &shape, s)?]);
+        }
     }
     let idx = positions(ctx, &idx, x.shape()[axis], axis, s)?;
     Ok(vec![ops::take(&x, &idx, axis as i32, s)?])
