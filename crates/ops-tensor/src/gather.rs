@@ -30,9 +30,11 @@ fn lower_gather(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let (x, idx, s) = (ctx.input(0)?.clone(), ctx.input(1)?.clone(), ctx.stream());
     let axis = normalize_axis(node.attr_int("axis", 0)?, x.ndim())?;
     // One constant index (a `Shape -> Gather` picking a dimension, say): no gather kernel
-    // (on CUDA one more JIT-compiled on a first run). From constant data, the entries are
-    // picked here; otherwise a slice, a view, except in a shapeless trace (the slice would
-    // keep the traced shape).
+    // (on CUDA one more JIT-compiled on a first run). From data already on the host (a
+    // constant, or a few values computed while building, as a Shape's), the entries are
+    // picked here (a large array in device memory is not read back: on CUDA that moves it);
+    // otherwise a slice, a view, except in a shapeless trace (the slice would keep the traced
+    // shape).
     if let Some([k]) = ctx.constant_i64(1)?.as_deref() {
         let xs = x.shape();
         let dim = xs[axis];
@@ -42,7 +44,7 @@ fn lower_gather(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         }
         let mut shape = xs.clone();
         shape.splice(axis..=axis, idx.shape());
-        if let Some(bytes) = x.host_bytes() {
+        if let Some(bytes) = (ctx.is_constant(0) || x.size() <= 64).then(|| x.host_bytes()).flatten() {
             let inner = xs[axis + 1..].iter().product::<i64>() as usize * x.dtype().size_in_bytes();
             let (dim, at) = (dim as usize, at as usize);
             let picked: Vec<u8> = if dim * inner == 0 {
