@@ -205,11 +205,13 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         // (present is past's buffer, the new tokens follow a prompt), and checked on the
         // device, `S < total <= past`; a run where it does not hold is built apart.
         Err(_) if ctx.tracing() && past_len > g.seq && ctx.input(6)?.size() == 1 => {
-            let t = ctx.input(6)?.clone();
-            if !t.dtype().is_integer() {
-                bail!("total_sequence_length is {:?}, not an integer", t.dtype());
-            }
-            ctx.guard_range(&t, g.seq + 1, past_len)?;
+            // (Guarded once per graph: every layer reads the same length.)
+            let tag = format!("GroupQueryAttention total length guard s={} past={past_len}", g.seq);
+            ctx.shared(&[6], &tag, |ctx| {
+                let t = ctx.input(6)?.clone();
+                ctx.guard_range(&t, g.seq + 1, past_len)?;
+                Ok(Vec::new())
+            })?;
             past_len
         }
         Err(e) => return Err(Error::new(format!("total_sequence_length: {e}"))),

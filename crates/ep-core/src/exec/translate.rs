@@ -241,30 +241,30 @@ impl Translation {
         // CUDA every distinct chain of elementwise operations MLX fuses is a kernel NVRTC
         // compiles on a machine's first run (seconds each), and the conditions are the same
         // in every model.
-        // Boolean guards joined into one entry; range guards two entries each.
-        let (ranged, boolean): (Vec<Check>, Vec<Check>) = guards.into_iter().partition(|g| g.bounds().is_some());
-        let flat = boolean
-            .iter()
-            .filter_map(|g| match &g.what {
-                crate::lowering::Checked::All(cond) => Some(cond),
-                crate::lowering::Checked::Range { .. } => None,
-            })
-            .map(|g| Ok(mlx::ops::reshape(&mlx::ops::astype(g, Dtype::Bool, stream)?, &[-1], stream)?))
-            .collect::<Result<Vec<_>>>()?;
-        let guard = match flat.len() {
+        // Boolean guards joined into one entry (first), range guards two entries each (an empty
+        // range holds).
+        let (mut joined, mut ranged, mut guard_ranges) = (Vec::new(), Vec::new(), Vec::new());
+        for g in &guards {
+            match (&g.what, g.bounds()) {
+                (_, Some(bounds)) => {
+                    ranged.extend(g.flag_values(stream)?);
+                    guard_ranges.push(bounds);
+                }
+                (crate::lowering::Checked::All(cond), None) => {
+                    joined.push(mlx::ops::reshape(&mlx::ops::astype(cond, Dtype::Bool, stream)?, &[-1], stream)?);
+                }
+                (crate::lowering::Checked::Range { .. }, None) => {}
+            }
+        }
+        let guard = match joined.len() {
             0 => None,
             n => {
-                let joined = if n == 1 { flat[0].clone() } else { mlx::ops::concatenate(&flat, 0, stream)? };
+                let joined = if n == 1 { joined.remove(0) } else { mlx::ops::concatenate(&joined, 0, stream)? };
                 let all = mlx::ops::all_axes(&joined, &[0], false, stream)?;
                 Some(mlx::ops::reshape(&mlx::ops::astype(&all, Dtype::I64, stream)?, &[1], stream)?)
             }
         };
-        let mut flags: Vec<Array> = guard.iter().cloned().collect();
-        let mut guard_ranges = Vec::with_capacity(ranged.len());
-        for g in &ranged {
-            flags.extend(g.flag_values(stream)?);
-            guard_ranges.extend(g.bounds());
-        }
+        let mut flags: Vec<Array> = guard.iter().cloned().chain(ranged).collect();
         let mut kinds = Vec::with_capacity(checks.len());
         for c in checks {
             flags.extend(c.flag_values(stream)?);

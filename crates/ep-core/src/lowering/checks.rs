@@ -82,10 +82,8 @@ impl LowerCtx<'_> {
     /// lies within `lo..=hi`. Prefer it to a hand-built comparison: it is read as two
     /// reductions (see [`Checked::Range`]).
     pub fn check_range(&mut self, values: &Array, lo: i64, hi: i64, reason: impl Into<String>) -> Result<()> {
-        if !fits_i64(values.dtype()) {
-            return Err(Error::new(format!("check_range takes integers of up to 63 bits, not {:?}", values.dtype())));
-        }
-        self.checks.push(Check { what: Checked::Range { values: values.clone(), lo, hi }, reason: reason.into() });
+        let check = Checked::range(values, lo, hi)?;
+        self.checks.push(Check { what: check, reason: reason.into() });
         Ok(())
     }
 
@@ -154,16 +152,20 @@ impl LowerCtx<'_> {
     /// [`Self::guard`] on every element of the integer array `values` lying within
     /// `lo..=hi`, read as two reductions (see [`Checked::Range`]).
     pub fn guard_range(&mut self, values: &Array, lo: i64, hi: i64) -> Result<()> {
-        if !fits_i64(values.dtype()) {
-            return Err(Error::new(format!("guard_range takes integers of up to 63 bits, not {:?}", values.dtype())));
-        }
-        self.guards.push(Check { what: Checked::Range { values: values.clone(), lo, hi }, reason: String::new() });
+        let guard = Checked::range(values, lo, hi)?;
+        self.guards.push(Check { what: guard, reason: String::new() });
         Ok(())
     }
 }
 
-/// Whether every value of `dtype` is an int64 (the range checks compare int64 minima and
-/// maxima): the integers but uint64.
-fn fits_i64(dtype: crate::mlx::Dtype) -> bool {
-    dtype.is_integer() && dtype != crate::mlx::Dtype::U64
+impl Checked {
+    /// A range over `values`, whose type must fit int64 (the minimum and maximum are compared
+    /// as int64): the integers but uint64.
+    fn range(values: &Array, lo: i64, hi: i64) -> Result<Checked> {
+        let dtype = values.dtype();
+        if !dtype.is_integer() || dtype == crate::mlx::Dtype::U64 {
+            return Err(Error::new(format!("a range check takes integers of up to 63 bits, not {dtype:?}")));
+        }
+        Ok(Checked::Range { values: values.clone(), lo, hi })
+    }
 }
