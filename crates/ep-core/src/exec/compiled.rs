@@ -276,12 +276,13 @@ impl Plan {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get_or_compile(key, || Traced::compile(&self.translation, &self.stats, mode))?;
-        self.apply(&traced, inputs)
+        self.apply(&traced, inputs, None)
     }
 
     /// Applies a compiled closure and evaluates everything it returns in one evaluation: the
-    /// outputs, the rows to write at data positions, the flags (guard and data checks).
-    pub(super) fn apply(&self, traced: &Traced, inputs: &[Array]) -> Result<Applied> {
+    /// outputs, the rows to write at data positions, the flags (guard and data checks), and
+    /// `also` (the split prologue's own flags, read by the caller).
+    pub(super) fn apply(&self, traced: &Traced, inputs: &[Array], also: Option<&Array>) -> Result<Applied> {
         let fresh = traced.meta.lock().unwrap_or_else(|p| p.into_inner()).is_none();
         let started = Instant::now();
         let mut outputs = if fresh {
@@ -310,7 +311,7 @@ impl Plan {
                 self.stats.record_graph(crate::stats::GraphSize::from_dot(what, &dot));
             }
         }
-        self.evaluate(&outputs)?;
+        self.evaluate(outputs.iter().chain(also))?;
         // Counted once evaluated: an attempt `jit_retry` repeats is not a second run.
         if !fresh {
             self.stats.replays.fetch_add(1, Ordering::Relaxed);

@@ -7,7 +7,7 @@ use super::translate::{Part, Split, TraceMode, Translation};
 use super::{Plan, Source};
 use crate::Result;
 use crate::mlx::device::Fusion;
-use crate::mlx::{Array, Closure, Dtype, MlxError, Stream, VectorArray};
+use crate::mlx::{Array, Closure, Dtype, MlxError, Stream};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -43,6 +43,13 @@ pub(super) struct DecodeState {
 pub(super) enum Prologue {
     Compiled(InputKey, Arc<Closure>, bool),
     Eager,
+}
+
+/// What a split's prologue hands the graph: the boundary values, and the prologue's guards
+/// and data checks as booleans still to be read (`None`: none, or already read).
+struct Boundary {
+    values: Vec<Array>,
+    flags: Option<Array>,
 }
 
 /// A partition's split, or why it has none.
@@ -209,13 +216,14 @@ impl Plan {
     }
 
     fn run_split_with(&self, split: &Arc<Split>, inputs: &[Array]) -> Result<Applied> {
-        let boundary = {
+        let prologue = {
             let _span = self.stats.span("prologue");
             self.run_prologue(split, inputs)?
         };
         // A prologue whose guard or data check failed hands back nothing: this run is served
         // by the shapeless slot (which reports a failed check as the run's error).
-        let Some(boundary) = boundary.filter(|b| b.len() == split.boundary.len()) else {
+        let Some(Boundary { values: boundary, flags }) = prologue.filter(|b| b.values.len() == split.boundary.len())
+        else {
             return Ok(Applied::GuardMiss);
         };
         let shapes: Vec<Vec<i64>> = boundary.iter().map(Array::shape).collect();
@@ -239,7 +247,21 @@ impl Plan {
         let traced = self.decode.lock().unwrap_or_else(|p| p.into_inner()).split_cache.get_or_compile(key, || {
             Traced::compile_part(&self.translation, &self.stats, TraceMode::Keyed, Some(Arc::clone(split)), true)
         })?;
-        let run = self.apply(&traced, &args)?;
+        // The graph reads the boundary values unevaluated, and the prologue's flags are
+        // evaluated with its outputs: one evaluation, one wait on a GPU. Where a flag is
+        // false the graph's results are dropped (every lowering builds a memory-safe graph
+        // whatever its data) and the shapeless slot serves the run.
+        let run = self.apply(&traced, &args, flags.as_ref());
+        if let Some(flags) = flags {
+            if run.is_err() {
+                // (Not evaluated with a graph that failed: evaluated alone, to tell which.)
+                flags.eval()?;
+            }
+            if !flags.to_vec::<bool>(&self.stream)?.iter().all(|&ok| ok) {
+                return Ok(Applied::GuardMiss);
+            }
+        }
+        let run = run?;
         if matches!(run, Applied::Ran(_)) {
             self.stats.split_runs.fetch_add(1, Ordering::Relaxed);
         }
@@ -249,9 +271,10 @@ impl Plan {
     /// The split's prologue on this run's inputs: its boundary values, or `None` where one of
     /// its guards or data checks failed. Compiled once, shapeless (its inputs grow every
     /// step), and replayed: built eagerly node by node it cost a decode step 0.42 ms of host
-    /// work on an H100. Where MLX refuses the compiled prologue, it is built eagerly from then
-    /// on.
-    fn run_prologue(&self, split: &Arc<Split>, inputs: &[Array]) -> Result<Option<Vec<Array>>> {
+    /// work on an H100. The compiled prologue is not evaluated here: its values and flags are
+    /// evaluated with the graph that reads them. Where MLX refuses the compiled prologue, it
+    /// is built eagerly (and evaluated) from then on.
+    fn run_prologue(&self, split: &Arc<Split>, inputs: &[Array]) -> Result<Option<Boundary>> {
         // MLX keys a shapeless closure by ranks and dtypes alone; lowerings are shape-agnostic
         // only along the growing dimensions, so every other dimension keys the closure here.
         let compiled = {
@@ -284,12 +307,11 @@ impl Plan {
                     {
                         *ran = true;
                     }
-                    return Ok(boundary);
+                    return Ok(Some(boundary));
                 }
                 Err(e) => {
                     // A closure that never ran (MLX refused its trace) is given up; one that
-                    // ran before fails this run only (an evaluation error, out of memory say),
-                    // which the eager prologue below serves.
+                    // ran before fails this run only, which the eager prologue below serves.
                     let mut st = self.decode.lock().unwrap_or_else(|p| p.into_inner());
                     if let Some(Prologue::Compiled(_, _, false)) = st.prologue {
                         let name = &self.translation.name;
@@ -301,39 +323,27 @@ impl Plan {
         }
         let built =
             self.translation.build_part(inputs.to_vec(), &self.stream, TraceMode::Eager, Part::Prologue(split))?;
-        Ok(Some(built.outputs).filter(|b| !b.is_empty() || split.boundary.is_empty()))
+        let values = Some(built.outputs).filter(|b| !b.is_empty() || split.boundary.is_empty());
+        Ok(values.map(|values| Boundary { values, flags: None }))
     }
 
-    /// Applies the compiled prologue; its first application traces it, with fused kernels only
-    /// where every graph is fused ([`Fusion::All`]): on CUDA the prologue's few small
-    /// integer operations would be kernels NVRTC compiles for seconds each on a first run,
-    /// and cost a step microseconds unfused.
-    fn apply_prologue(
-        &self,
-        closure: &Closure,
-        split: &Split,
-        inputs: &[Array],
-        first: bool,
-    ) -> Result<Option<Vec<Array>>> {
-        let mut boundary = if first {
+    /// Applies the compiled prologue, unevaluated; its first application traces it, with
+    /// fused kernels only where every graph is fused ([`Fusion::All`]): on CUDA the
+    /// prologue's few small integer operations would be kernels NVRTC compiles for seconds
+    /// each on a first run, and cost a step microseconds unfused.
+    fn apply_prologue(&self, closure: &Closure, split: &Split, inputs: &[Array], first: bool) -> Result<Boundary> {
+        let mut values = if first {
             crate::mlx::device::traced_with_fusion(self.fusion == Fusion::All, || closure.apply(inputs))?
         } else {
             closure.apply(inputs)
         }
         .map_err(crate::Error::from)?;
         let n = split.boundary.len();
-        if boundary.len() < n {
-            return Err(crate::Error::new(format!("the prologue returned {} values for {n}", boundary.len())));
+        if values.len() < n {
+            return Err(crate::Error::new(format!("the prologue returned {} values for {n}", values.len())));
         }
-        let flags = boundary.split_off(n);
-        if let Some(flags) = flags.first() {
-            // One evaluation: the flags and the boundary values the graph then reads.
-            VectorArray::from_arrays(boundary.iter().chain(std::iter::once(flags)))?.eval()?;
-            if !flags.to_vec::<bool>(&self.stream)?.iter().all(|&ok| ok) {
-                return Ok(None);
-            }
-        }
-        Ok(Some(boundary))
+        let flags = values.split_off(n).into_iter().next();
+        Ok(Boundary { values, flags })
     }
 
     /// Ends the split for this partition (the shapeless decode slot takes its runs).
@@ -411,7 +421,7 @@ impl Plan {
             .unwrap_or_else(|p| p.into_inner())
             .cache
             .get_or_compile(key, || Traced::compile(&self.translation, &self.stats, TraceMode::Shapeless))?;
-        let run = self.apply(&traced, inputs)?;
+        let run = self.apply(&traced, inputs, None)?;
         self.stats.decode_runs.fetch_add(1, Ordering::Relaxed);
         Ok(run)
     }

@@ -16,8 +16,13 @@ pub fn flatten(a: &Array, s: &Stream) -> Result<Array> {
 
 /// `a[start:stop]` along every axis (unit strides).
 pub fn slice(a: &Array, start: &[i64], stop: &[i64], s: &Stream) -> Result<Array> {
-    let (start, stop) = (dims(start)?, dims(stop)?);
-    let strides = vec![1 as c_int; start.len()];
+    slice_strided(a, start, stop, &vec![1; start.len()], s)
+}
+
+/// `a[start:stop:strides]` along every axis, as numpy reads it (a negative stride walks
+/// down from `start`; a negative bound counts from the end): a view.
+pub fn slice_strided(a: &Array, start: &[i64], stop: &[i64], strides: &[i64], s: &Stream) -> Result<Array> {
+    let (start, stop, strides) = (dims(start)?, dims(stop)?, dims(strides)?);
     let mut out = Array::empty();
     // SAFETY: the index vectors outlive the call.
     check(unsafe {

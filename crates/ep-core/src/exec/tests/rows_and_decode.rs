@@ -223,7 +223,7 @@ fn a_small_growing_input_is_split_off_and_the_rest_replays_one_fixed_shape_graph
     }
     // Run 1 traces the exact shapes; run 2 (growth seen) the split graph, which runs 3..6 replay.
     assert_eq!(count(&stats.traces), 2, "{}", stats.summary());
-    assert_eq!((count(&stats.split_runs), count(&stats.decode_runs)), (5, 0));
+    assert_eq!((count(&stats.split_runs), count(&stats.decode_runs)), (5, 0), "{}", stats.summary());
     assert!(stats.summary().contains("decode slot split: 5 runs"), "{}", stats.summary());
 }
 
