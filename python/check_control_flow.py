@@ -10,6 +10,8 @@ as ONE MLX partition and match ORT's CPU EP (allclose, rtol 1e-3, atol 1e-4):
 Run by `cargo xtask test` with ORT_MLX_EP_LIB pointing at the built plugin."""
 
 import os
+import re
+import subprocess
 import sys
 
 import numpy as np
@@ -278,6 +280,97 @@ def test_vad_shaped_model_is_one_partition():
     compare(vad_model(), feeds)
 
 
+def if_select_model():
+    """Add > If(c) > Relu with a data condition `c`: then_branch gathers x1 at `idx` (ORT's
+    Gather fails an index out of range), else_branch doubles x1[0:2]; both give float [2]."""
+    then = helper.make_graph([helper.make_node("Gather", ["x1", "idx"], ["picked"], name="pick", axis=0)],
+                             "then", [], [vi("picked", F, [2])])
+    other = helper.make_graph(
+        [
+            helper.make_node("Slice", ["x1", "starts", "ends"], ["head"], name="head"),
+            helper.make_node("Mul", ["head", "two"], ["doubled"], name="double"),
+        ],
+        "else", [], [vi("doubled", F, [2])],
+    )
+    nodes = [
+        helper.make_node("Add", ["x", "one"], ["x1"], name="shift"),
+        helper.make_node("If", ["c"], ["y"], name="choose", then_branch=then, else_branch=other),
+        helper.make_node("Relu", ["y"], ["out"], name="relu"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.ones(1, np.float32), "one"),
+        numpy_helper.from_array(np.array([2.0], np.float32), "two"),
+        numpy_helper.from_array(np.array([0], np.int64), "starts"),
+        numpy_helper.from_array(np.array([2], np.int64), "ends"),
+    ]
+    return model(
+        nodes,
+        [vi("x", F, [4]), vi("idx", TensorProto.INT64, [2]), vi("c", TensorProto.BOOL, [])],
+        [vi("out", F, [2])],
+        inits,
+        opset=18,
+    )
+
+
+def if_child():
+    """Runs If forms on the MLX EP and checks them against the CPU EP; the parent reads the
+    session summaries this process prints."""
+    x = np.array([-3.0, 0.5, 2.0, -0.25], np.float32)
+    feeds = [
+        {"x": x, "idx": np.array([2, 0], np.int64), "c": np.array(True)},
+        # Out of range, but read only by the branch not taken: no error.
+        {"x": x, "idx": np.array([7, -9], np.int64), "c": np.array(False)},
+        {"x": x * 2, "idx": np.array([-1, 1], np.int64), "c": np.array(True)},
+    ]
+    s = compare(if_select_model(), feeds)
+    try:
+        s.run(None, {"x": x, "idx": np.array([7, 0], np.int64), "c": np.array(True)})
+        failed = None
+    except Exception as e:  # ORT's EPFail
+        failed = str(e)
+    assert failed and "'pick' (Gather)" in failed and "out of range" in failed, failed
+    # The VAD-shaped model: its outer If's branches differ in shape (frames per rate).
+    rng = np.random.default_rng(3)
+    vad = {"x": rng.standard_normal((1, 1, 64)).astype(np.float32), "sr": np.array(8000, np.int64),
+           "use_rnn": np.array(True), "h0": np.zeros((1, 1, 8), np.float32), "c0": np.zeros((1, 1, 8), np.float32)}
+    plain = dict(vad, use_rnn=np.array(False))
+    compare(vad_model(), [vad, vad, plain, plain])
+    # A Loop of 5 iterations: its body traced once, replayed 4 times.
+    feed = {"x": np.array([0.5, 1.0, 2.0], np.float32), "acc0": np.zeros(3, np.float32),
+            "limit": np.array(1e9, np.float32), "trip": np.array(5, np.int64)}
+    compare(loop_model(True, False), [feed])
+    return 0
+
+
+def test_if_with_a_data_condition_is_compiled():
+    env = dict(os.environ, ONNXRUNTIME_EP_MLX_VERBOSE="1")
+    child = subprocess.run([sys.executable, __file__, "--if-child"], env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert child.returncode == 0, child.stdout + child.stderr
+    sessions = {re.search(r"claimed ops: (.*)", b).group(1): b
+                for b in child.stderr.split("session summary")[1:] if "claimed ops" in b}
+    assert len(sessions) == 3, child.stderr
+
+    def subgraph_runs(ops):
+        found = re.search(r"subgraphs compiled apart: (\d+) replays, (\d+) traces", sessions[ops])
+        return found and (int(found.group(1)), int(found.group(2)))
+
+    # The If model: every run compiled (the first traces, the others replay), none eager.
+    runs = re.search(r"runs: (\d+) compiled replays, (\d+) eager", sessions["Add x1, If x1, Relu x1"])
+    replays, eager = map(int, runs.groups())
+    assert eager == 0 and replays >= 2, sessions
+    # The VAD-shaped model: the rate If cannot be selected on the device, so the partition
+    # runs eagerly (with that reason) and the branch taken runs as a compiled closure of its
+    # own, traced once per value of the small values it reads (`use_rnn`, which its nested If
+    # then decides while building) and replayed.
+    vad = sessions["Equal x1, If x1, Sigmoid x1"]
+    assert "cannot be selected on the device" in vad, vad
+    assert "a subgraph is built node by node" not in child.stderr, child.stderr
+    assert subgraph_runs("Equal x1, If x1, Sigmoid x1") == (2, 2), vad
+    # The Loop: its body compiled once, replayed by the other iterations.
+    assert subgraph_runs("Loop x1") == (4, 1), sessions["Loop x1"]
+
+
 def frontend_model(frame=32, frames=12, mels=10):
     """Speaker-embedding-front-end-shaped: frames of the waveform, a Scan that removes each
     frame's mean and applies a Hann window, a one-sided DFT, power, mel filters, log."""
@@ -375,12 +468,17 @@ def main():
     ort.register_execution_provider_library("MLX", lib)
     if sys.argv[1:] == ["--bench"]:
         return bench()
+    if sys.argv[1:] == ["--if-child"]:
+        return if_child()
     check("Scan: scan axes, directions, two scan inputs and outputs, on MLX, match", test_scan_forms)
     check("Scan with no iterations: initial states, empty scan outputs", test_scan_without_iterations)
     check("Scan inputs of different lengths: a clear error naming the node", test_scan_inputs_of_different_lengths_fail_cleanly)
     check("Loop: trip count, condition, early exit, no iterations, scan output, on MLX, match", test_loop_forms)
     check("VAD-shaped model (If > Conv, nested If > LSTM): one MLX partition, matches", test_vad_shaped_model_is_one_partition)
     check("audio front-end (Scan over frames, DFT, mel, log): one MLX partition, matches", test_audio_frontend_is_one_partition)
+    check("If with a data condition: compiled, both branches selected on the device, a check of the branch "
+          "not taken holds; branches of other shapes: eager, with the reason, the branch taken compiled apart; "
+          "a Loop's body compiled once", test_if_with_a_data_condition_is_compiled)
     failed = sum(1 for _, e in results if e is not None)
     print(f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0

@@ -69,6 +69,10 @@ pub struct SessionStats {
     pub decode_guard_misses: AtomicU64,
     /// Decode-slot runs of a split partition (a prologue, then a fixed-shape graph).
     pub split_runs: AtomicU64,
+    /// Subgraphs (an If's branch, a loop body) run as compiled closures from eager runs, and
+    /// how many of those were traces.
+    pub subgraph_replays: AtomicU64,
+    pub subgraph_traces: AtomicU64,
     /// Values computed from constants (transposes, casts, repacks), each once per session.
     pub derived_constants: AtomicU64,
     /// Derived values found in another session's cache (same weights) instead of computed.
@@ -286,6 +290,14 @@ impl SessionStats {
                 s,
                 "  decode slot split: {} runs as a prologue (the growing inputs' nodes, compiled shapeless) and a fixed-shape graph",
                 Self::count(&self.split_runs)
+            );
+        }
+        if Self::count(&self.subgraph_replays) + Self::count(&self.subgraph_traces) > 0 {
+            let _ = writeln!(
+                s,
+                "  subgraphs compiled apart: {} replays, {} traces (branches and bodies run from eager runs)",
+                Self::count(&self.subgraph_replays),
+                Self::count(&self.subgraph_traces)
             );
         }
         if Self::count(&self.jit_retries) > 0 {

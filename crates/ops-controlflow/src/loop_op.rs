@@ -2,7 +2,7 @@
 //! loop-carried values through and stacking the body's scan outputs along a new first axis.
 //! The trip count and each iteration's condition are read on the host (an early exit depends
 //! on data), so the node runs eagerly: one evaluation of the condition per iteration, the
-//! carried values staying in MLX memory.
+//! carried values staying in MLX memory, the body a compiled closure replayed per iteration.
 
 use crate::body::check_body;
 use ep_core::graph::{ElemType, NodeInfo};
@@ -81,13 +81,16 @@ impl Lowering for Loop {
         let mut state: Vec<Array> = (0..carried).map(|i| ctx.input(i + 2).cloned()).collect::<Result<_>>()?;
         let mut elements: Vec<Vec<Array>> = vec![Vec::new(); scanned];
         let mut it: i64 = 0;
+        // The body runs as a compiled closure of its own, traced once and replayed per
+        // iteration while its inputs keep their shapes.
+        let outer: Vec<String> = node.implicit_inputs.iter().map(|v| v.name.clone()).collect();
         while keep_going && trip.is_none_or(|m| it < m) {
             if it >= MAX_ITERATIONS {
                 bail!("the loop is still going after {MAX_ITERATIONS} iterations, the most the MLX EP runs");
             }
             let mut args = vec![Array::from_slice(&[it], &[])?, Array::from_slice(&[keep_going], &[])?];
             args.extend(state.iter().cloned());
-            let mut outs = ctx.run_subgraph(body, args)?;
+            let mut outs = ctx.run_subgraph_compiled(body, args, &outer)?;
             if outs.len() != carried + 1 + scanned {
                 bail!("the body gave {} outputs; it declares {}", outs.len(), carried + 1 + scanned);
             }

@@ -9,10 +9,21 @@ use crate::mlx::Array;
 use crate::{Error, Result};
 use std::collections::HashMap;
 
-/// A plan's caches of work done on constants.
+/// A plan's caches of work done on constants, and its compiled subgraphs.
 pub struct PlanCaches {
     pub derived: DerivedConstants,
     pub subgraphs: SubgraphConstants,
+    pub compiled: super::branches::CompiledSubgraphs,
+}
+
+impl PlanCaches {
+    pub fn new(stats: std::sync::Arc<crate::stats::SessionStats>) -> PlanCaches {
+        PlanCaches {
+            derived: DerivedConstants::new(stats),
+            subgraphs: SubgraphConstants::default(),
+            compiled: Default::default(),
+        }
+    }
 }
 
 /// The MLX copies of subgraph initializers, made once per plan. Keyed by the subgraph's
@@ -70,6 +81,10 @@ impl DerivedConstants {
         DerivedConstants { values: Default::default(), stats }
     }
 
+    pub(super) fn stats(&self) -> std::sync::Arc<crate::stats::SessionStats> {
+        std::sync::Arc::clone(&self.stats)
+    }
+
     pub(super) fn get_or_compute(
         &self,
         ids: Vec<usize>,
@@ -107,6 +122,16 @@ impl Engine for PlanCaches {
         compute: &mut dyn FnMut() -> Result<Vec<Array>>,
     ) -> Result<Vec<Array>> {
         Ok(self.derived.get_or_compute(ids, tag, compute)?.as_ref().clone())
+    }
+
+    fn compiled_subgraph(
+        &self,
+        graph: &Subgraph,
+        inputs: Vec<Array>,
+        outer: Vec<(String, Array)>,
+        at: SubgraphCall<'_>,
+    ) -> Result<Option<Vec<Array>>> {
+        self.run_compiled_subgraph(graph, inputs, outer, at)
     }
 
     /// The subgraph's nodes in order, each resolved to its registered lowering (a lowering
@@ -153,6 +178,9 @@ impl Engine for PlanCaches {
                 let results = lowering.lower(&mut ctx, node).map_err(at_node)?;
                 for c in ctx.take_checks() {
                     at.checks.push(crate::lowering::Check { reason: at_node(Error::new(c.reason)).0, ..c });
+                }
+                for g in ctx.take_guards() {
+                    at.guards.push(crate::lowering::Check { reason: at_node(Error::new(g.reason)).0, ..g });
                 }
                 results
             };

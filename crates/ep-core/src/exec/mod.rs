@@ -14,6 +14,7 @@
 //!   [`CompileSafety::Never`], or after tracing, compiling or evaluating its compiled form
 //!   failed once (the reason goes to the session summary).
 
+mod branches;
 mod compiled;
 mod constants;
 mod decode;
@@ -29,7 +30,7 @@ use crate::registry::Registry;
 use crate::stats::{Phase, SessionStats};
 use crate::{Error, Result};
 use compiled::{Applied, CompiledCache, jit_retry};
-use constants::{DerivedConstants, PlanCaches, SubgraphConstants};
+use constants::PlanCaches;
 use decode::DecodeState;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -197,10 +198,7 @@ impl Plan {
             exact,
             nodes,
             num_values,
-            caches: PlanCaches {
-                derived: DerivedConstants::new(Arc::clone(&stats)),
-                subgraphs: SubgraphConstants::default(),
-            },
+            caches: PlanCaches::new(Arc::clone(&stats)),
             cpu: Stream::cpu()?,
             stats: Arc::clone(&stats),
         };
@@ -219,6 +217,8 @@ impl Plan {
     /// Traces this plan's graphs with fused kernels as `fusion` says.
     pub fn with_fusion(mut self, fusion: crate::mlx::device::Fusion) -> Plan {
         self.fusion = fusion;
+        let all = fusion == crate::mlx::device::Fusion::All;
+        self.translation.caches.compiled.fused.store(all, Ordering::Relaxed);
         self
     }
 

@@ -25,6 +25,7 @@
 
 mod checks;
 mod facts;
+mod subgraphs;
 pub use checks::{Check, Checked};
 pub use facts::{AffineWeight, SharedValues, dense_from_rows};
 
@@ -187,8 +188,21 @@ pub(crate) trait Engine {
 
     /// Evaluates `graph` on `inputs` (bound to its formal inputs in order) with the engine's
     /// translator; names it does not define resolve in `scope`. Data checks its nodes declare
-    /// go to `checks`.
+    /// go to `checks`, guards to `guards`.
     fn subgraph(&self, graph: &crate::graph::Subgraph, inputs: Vec<Array>, at: SubgraphCall<'_>) -> Result<Vec<Array>>;
+
+    /// [`Self::subgraph`] as a compiled closure over `inputs` and the enclosing values
+    /// `outer` (the names the subgraph reads without defining them, with their arrays),
+    /// traced once per key of their dtypes and shapes and replayed; data checks go to
+    /// `checks`. `None` where it is not compiled (inside a trace, or its trace failed once,
+    /// the reason recorded): the caller builds it node by node.
+    fn compiled_subgraph(
+        &self,
+        graph: &crate::graph::Subgraph,
+        inputs: Vec<Array>,
+        outer: Vec<(String, Array)>,
+        at: SubgraphCall<'_>,
+    ) -> Result<Option<Vec<Array>>>;
 }
 
 /// Where a subgraph is evaluated from: the calling node's streams, trace mode and scope.
@@ -199,6 +213,7 @@ pub(crate) struct SubgraphCall<'c> {
     pub shapeless: bool,
     pub scope: Option<&'c std::collections::HashMap<String, Array>>,
     pub checks: &'c mut Vec<Check>,
+    pub guards: &'c mut Vec<Check>,
 }
 
 /// A lowering's declaration that node output `aliased_output` is node input `input` with only
@@ -273,27 +288,6 @@ impl<'a> LowerCtx<'a> {
         self.output_keys = keys;
         self.output_readers = readers;
         self
-    }
-
-    /// Runs a subgraph (a branch of If, a loop body) on `inputs`, bound to its formal inputs in
-    /// order, and returns its outputs. Names the subgraph uses without defining them resolve
-    /// to the enclosing scopes: this node's implicit inputs, and the values of any subgraph
-    /// this one is nested in. Every node must have a registered lowering that claims it (a
-    /// lowering with subgraphs checks that in its claim, with [`crate::registry::global`]).
-    pub fn run_subgraph(&mut self, graph: &crate::graph::Subgraph, inputs: Vec<Array>) -> Result<Vec<Array>> {
-        let engine = self.engine.ok_or_else(|| Error::new("subgraphs run only inside a partition"))?;
-        let mut checks = Vec::new();
-        let call = SubgraphCall {
-            stream: self.stream,
-            cpu: self.cpu,
-            tracing: self.tracing,
-            shapeless: self.shapeless,
-            scope: self.scope,
-            checks: &mut checks,
-        };
-        let outputs = engine.subgraph(graph, inputs, call);
-        self.checks.extend(checks);
-        outputs
     }
 
     pub(crate) fn take_row_updates(&mut self) -> Vec<RowUpdate> {
