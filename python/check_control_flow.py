@@ -129,9 +129,10 @@ def test_scan_inputs_of_different_lengths_fail_cleanly():
         raise AssertionError("scan inputs of 3 and 5 iterations ran")
 
 
-def loop_model(with_trip, with_cond):
+def loop_model(with_trip, with_cond, trip_const=None, scan=True, tail=None):
     """acc += x * (i + 1) each iteration while acc < limit (the body's condition); the scan
-    output is each iteration's acc."""
+    output is each iteration's acc. `trip_const`: the trip count as an initializer; `tail`: an
+    op applied to the final acc (names the session apart in summaries)."""
     body = helper.make_graph(
         [
             helper.make_node("Cast", ["i"], ["i_f"], to=F),
@@ -147,14 +148,24 @@ def loop_model(with_trip, with_cond):
         [vi("go_on", TensorProto.BOOL, []), vi("acc_out", F, [3]), vi("acc_seen", F, [3])],
         [numpy_helper.from_array(np.ones((), np.float32), "one")],
     )
-    names = ["trip" if with_trip else "", "cond" if with_cond else "", "acc0"]
-    node = helper.make_node("Loop", names, ["acc", "history"], name="loop", body=body)
+    if not scan:
+        body.node.pop()
+        body.output.pop()
+    names = ["trip" if with_trip or trip_const is not None else "", "cond" if with_cond else "", "acc0"]
+    outs = ["acc_loop" if tail else "acc"] + (["history"] if scan else [])
+    nodes = [helper.make_node("Loop", names, outs, name="loop", body=body)]
+    if tail:
+        nodes.append(helper.make_node(tail, ["acc_loop"], ["acc"], name="tail"))
     inputs = [vi("x", F, [3]), vi("acc0", F, [3]), vi("limit", F, [])]
-    if with_trip:
+    inits = []
+    if trip_const is not None:
+        inits.append(numpy_helper.from_array(np.array(trip_const, np.int64), "trip"))
+    elif with_trip:
         inputs.append(vi("trip", TensorProto.INT64, []))
     if with_cond:
         inputs.append(vi("cond", TensorProto.BOOL, []))
-    return model([node], inputs, [vi("acc", F, [3]), vi("history", F, ["N", 3])], opset=17)
+    outputs = [vi("acc", F, [3])] + ([vi("history", F, ["N", 3])] if scan else [])
+    return model(nodes, inputs, outputs, inits, opset=17)
 
 
 def test_loop_forms():
@@ -339,6 +350,16 @@ def if_child():
     feed = {"x": np.array([0.5, 1.0, 2.0], np.float32), "acc0": np.zeros(3, np.float32),
             "limit": np.array(1e9, np.float32), "trip": np.array(5, np.int64)}
     compare(loop_model(True, False), [feed])
+    # A trip count known while building: unrolled into the compiled graph, the body's data
+    # condition carried as a flag (the limits end the loop at different iterations or not).
+    base = {k: v for k, v in feed.items() if k != "trip"}
+    feeds = [dict(base, limit=np.array(limit, np.float32)) for limit in (1e9, 4.0, 12.0, -1.0)]
+    compare(loop_model(False, False, trip_const=6, scan=False, tail="Abs"), feeds)
+    entering = [dict(f, cond=np.array(True)) for f in feeds] + [dict(feeds[0], cond=np.array(False))]
+    compare(loop_model(False, True, trip_const=6, scan=False, tail="Neg"), entering)
+    # ... but with scan outputs, whose length is then data, and past the unroll limit: eager.
+    compare(loop_model(False, False, trip_const=6, scan=True, tail="Relu"), feeds)
+    compare(loop_model(False, False, trip_const=100, scan=False, tail="Sigmoid"), feeds)
     return 0
 
 
@@ -349,7 +370,7 @@ def test_if_with_a_data_condition_is_compiled():
     assert child.returncode == 0, child.stdout + child.stderr
     sessions = {re.search(r"claimed ops: (.*)", b).group(1): b
                 for b in child.stderr.split("session summary")[1:] if "claimed ops" in b}
-    assert len(sessions) == 3, child.stderr
+    assert len(sessions) == 7, child.stderr
 
     def subgraph_runs(ops):
         found = re.search(r"subgraphs compiled apart: (\d+) replays, (\d+) traces", sessions[ops])
@@ -369,6 +390,15 @@ def test_if_with_a_data_condition_is_compiled():
     assert subgraph_runs("Equal x1, If x1, Sigmoid x1") == (2, 2), vad
     # The Loop: its body compiled once, replayed by the other iterations.
     assert subgraph_runs("Loop x1") == (4, 1), sessions["Loop x1"]
+
+    def eager_runs(ops):
+        return int(re.search(r"runs: \d+ compiled replays, (\d+) eager", sessions[ops]).group(1))
+
+    # Unrolled: no eager run, whether the trip count comes alone or with a condition.
+    assert eager_runs("Abs x1, Loop x1") == 0 and eager_runs("Loop x1, Neg x1") == 0, sessions
+    relu, sigmoid = sessions["Loop x1, Relu x1"], sessions["Loop x1, Sigmoid x1"]
+    assert eager_runs("Loop x1, Relu x1") > 0 and "their length is data" in relu, relu
+    assert eager_runs("Loop x1, Sigmoid x1") > 0 and "100 iterations" in sigmoid, sigmoid
 
 
 def frontend_model(frame=32, frames=12, mels=10):
@@ -478,7 +508,7 @@ def main():
     check("audio front-end (Scan over frames, DFT, mel, log): one MLX partition, matches", test_audio_frontend_is_one_partition)
     check("If with a data condition: compiled, both branches selected on the device, a check of the branch "
           "not taken holds; branches of other shapes: eager, with the reason, the branch taken compiled apart; "
-          "a Loop's body compiled once", test_if_with_a_data_condition_is_compiled)
+          "a Loop's body compiled once; short Loops unrolled", test_if_with_a_data_condition_is_compiled)
     failed = sum(1 for _, e in results if e is not None)
     print(f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0
