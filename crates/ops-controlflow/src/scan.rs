@@ -161,10 +161,13 @@ impl Lowering for Scan {
         }
         let count = count.unwrap_or(0) as usize;
         let mut elements: Vec<Vec<Array>> = vec![Vec::with_capacity(count); layout.k];
+        // Unrolled into a trace; where the partition runs eagerly, the body is a compiled
+        // closure of its own, replayed per iteration.
+        let outer: Vec<String> = node.implicit_inputs.iter().map(|v| v.name.clone()).collect();
         for it in 0..count {
             let mut args = states.clone();
             args.extend(slices.iter().map(|parts| parts[it].clone()));
-            let mut outs = ctx.run_subgraph(body, args)?;
+            let mut outs = ctx.run_subgraph_compiled(body, args, &outer)?;
             if outs.len() != layout.n + layout.k {
                 bail!("the body gave {} outputs; the node has {}", outs.len(), layout.n + layout.k);
             }

@@ -40,6 +40,8 @@ pub struct CompiledSubgraphs {
     /// Whether their traces may fuse elementwise chains (the plan's fusion setting for
     /// graphs that are not decode steps).
     pub(super) fused: AtomicBool,
+    /// Compilation is off (the `compile` option): subgraphs are built node by node.
+    pub(super) disabled: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -64,7 +66,7 @@ impl PlanCaches {
         outer: Vec<(String, Array)>,
         at: SubgraphCall<'_>,
     ) -> Result<Option<Vec<Array>>> {
-        if at.tracing {
+        if at.tracing || self.compiled.disabled.load(Ordering::Relaxed) {
             // Inside a trace the subgraph is part of the graph being compiled.
             return Ok(None);
         }

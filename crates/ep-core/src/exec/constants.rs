@@ -24,6 +24,12 @@ impl PlanCaches {
             compiled: Default::default(),
         }
     }
+
+    /// Whether subgraphs may be compiled apart (off with the `compile` option).
+    pub(super) fn with_compile(self, compile: bool) -> PlanCaches {
+        self.compiled.disabled.store(!compile, std::sync::atomic::Ordering::Relaxed);
+        self
+    }
 }
 
 /// The MLX copies of subgraph initializers, made once per plan. Keyed by the subgraph's

@@ -198,7 +198,7 @@ impl Plan {
             exact,
             nodes,
             num_values,
-            caches: PlanCaches::new(Arc::clone(&stats)),
+            caches: PlanCaches::new(Arc::clone(&stats)).with_compile(compile),
             cpu: Stream::cpu()?,
             stats: Arc::clone(&stats),
         };
