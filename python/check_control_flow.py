@@ -470,6 +470,14 @@ def bench(repeat=50):
         }),
         "audio front-end (Scan, DFT, mel)": (frontend_model(), {"wave": rng.standard_normal(12 * 32).astype(np.float32)}),
     }
+    # Loops of a constant trip count: unrolled into the compiled graph up to 64 iterations,
+    # eager beyond (the body compiled apart, the condition read per iteration): the cost per
+    # iteration on each side of the threshold.
+    loop_feed = {"x": np.array([0.5, 1.0, 2.0], np.float32), "acc0": np.zeros(3, np.float32),
+                 "limit": np.array(1e9, np.float32)}
+    for trip in (16, 64, 65, 256):
+        cases[f"Loop, {trip} iterations ({'unrolled' if trip <= 64 else 'eager'})"] = (
+            loop_model(False, False, trip_const=trip, scan=False), loop_feed)
     for name, (m, feed) in cases.items():
         times = {}
         for ep, make in (("CPU EP", cpu_session), ("MLX EP", mlx_session)):

@@ -163,12 +163,18 @@ fn unrolled(ctx: &mut LowerCtx<'_>, shape: &Shape<'_>) -> Result<Vec<Array>> {
     }
     let mut state: Vec<Array> = (0..carried).map(|i| ctx.input(i + 2).cloned()).collect::<Result<_>>()?;
     let mut elements: Vec<Vec<Array>> = vec![Vec::new(); scanned];
-    for it in 0..if enter { trip } else { 0 } {
+    // The iteration numbers as entries of one array, not scalar constants: MLX writes a
+    // scalar constant into the source of a fused kernel, so each copy of the body would be
+    // kernels of its own to compile.
+    let count = if enter { trip.max(0) } else { 0 };
+    let numbers = Array::from_slice(&(0..count).collect::<Vec<i64>>(), &[count])?;
+    for it in 0..count {
         if alive.is_some() && scanned > 0 {
             bail!("the body's condition is data and the loop has scan outputs (their length is data)");
         }
         let cond_in = alive.clone().map_or_else(|| Array::from_slice(&[true], &[]), Ok)?;
-        let mut args = vec![Array::from_slice(&[it], &[])?, cond_in];
+        let number = ops::reshape(&ops::slice(&numbers, &[it], &[it + 1], s)?, &[], s)?;
+        let mut args = vec![number, cond_in];
         args.extend(state.iter().cloned());
         let outs = match &alive {
             None => ctx.run_subgraph(body, args)?,
