@@ -14,6 +14,7 @@ mod col2im;
 mod conv;
 mod conv_integer;
 mod crop_and_resize;
+mod deform_conv;
 mod dropout;
 mod einsum;
 mod embed_layer_norm;
