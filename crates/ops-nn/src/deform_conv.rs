@@ -44,9 +44,13 @@ struct Geometry {
     offset_group: i64,
     kernel: [i64; 2],
     out: [i64; 2],
+    strides: [i64; 2],
+    /// Top, left, bottom, right.
+    pads: [i64; 4],
+    dilations: [i64; 2],
 }
 
-fn geometry(ctx: &LowerCtx<'_>, node: &NodeInfo) -> Result<(Geometry, [i64; 2], [i64; 4], [i64; 2])> {
+fn geometry(ctx: &LowerCtx<'_>, node: &NodeInfo) -> Result<Geometry> {
     let (xs, ws, os) = (ctx.input(0)?.shape(), ctx.input(1)?.shape(), ctx.input(2)?.shape());
     let (n, c, h, w) = (xs[0], xs[1], xs[2], xs[3]);
     let (m, cpg) = (ws[0], ws[1]);
@@ -96,12 +100,25 @@ fn geometry(ctx: &LowerCtx<'_>, node: &NodeInfo) -> Result<(Geometry, [i64; 2], 
     if h * w > i64::from(i32::MAX) {
         bail!("a {h} x {w} image has more pixels than a 32-bit index reaches");
     }
-    let g = Geometry { n, c, h, w, m, group, offset_group, kernel, out };
-    Ok((g, [strides[0], strides[1]], [pads[0], pads[1], pads[2], pads[3]], [dil[0], dil[1]]))
+    Ok(Geometry {
+        n,
+        c,
+        h,
+        w,
+        m,
+        group,
+        offset_group,
+        kernel,
+        out,
+        strides: [strides[0], strides[1]],
+        pads: [pads[0], pads[1], pads[2], pads[3]],
+        dilations: [dil[0], dil[1]],
+    })
 }
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let (g, strides, pads, dil) = geometry(ctx, node)?;
+    let g = geometry(ctx, node)?;
+    let (strides, pads, dil) = (g.strides, g.pads, g.dilations);
     let s = ctx.stream();
     let (taps, spots) = (g.kernel[0] * g.kernel[1], g.out[0] * g.out[1]);
     let y_shape = [g.n, g.m, g.out[0], g.out[1]];
