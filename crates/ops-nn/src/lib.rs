@@ -9,6 +9,7 @@
 //! (`conformance_spec::register_spec!`, behind the `conformance` feature).
 #![forbid(unsafe_code)]
 
+mod batch_norm;
 mod cdist;
 mod col2im;
 mod conv;

@@ -1,5 +1,5 @@
 //! Normalizations: LayerNormalization (ONNX 17), RMSNormalization (23), SkipLayerNormalization
-//! (`com.microsoft`), BatchNormalization (inference), InstanceNormalization,
+//! (`com.microsoft`), InstanceNormalization,
 //! GroupNormalization (18 and 21), LpNormalization, MeanVarianceNormalization, and ORT's
 //! SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (RMS norms). Statistics are
 //! computed in float32 for half types, as ORT's CPU EP does.
@@ -11,7 +11,7 @@ use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail
 
 const MS: &str = "com.microsoft";
 
-fn f32_of(x: &Array, s: &Stream) -> Result<Array> {
+pub(crate) fn f32_of(x: &Array, s: &Stream) -> Result<Array> {
     Ok(if x.dtype() == Dtype::F64 { x.clone() } else { ops::astype(x, Dtype::F32, s)? })
 }
 
@@ -360,7 +360,7 @@ ep_core::register_lowering!(
 );
 
 /// `[1, C, 1, ...]`: a per-channel parameter shaped to broadcast along axis 1 of rank `r`.
-fn per_channel(p: &Array, r: usize, s: &Stream) -> Result<Array> {
+pub(crate) fn per_channel(p: &Array, r: usize, s: &Stream) -> Result<Array> {
     let mut shape = vec![1i64; r];
     if r > 1 {
         shape[1] = p.size() as i64;
@@ -372,7 +372,7 @@ fn per_channel(p: &Array, r: usize, s: &Stream) -> Result<Array> {
 
 /// Inputs `params` of a per-channel norm must each be 1-D of the input's channel count (as
 /// ORT's CPU EP requires; broadcasting another shape would answer what it refuses).
-fn check_channel_params(ctx: &LowerCtx<'_>, params: std::ops::Range<usize>) -> Result<()> {
+pub(crate) fn check_channel_params(ctx: &LowerCtx<'_>, params: std::ops::Range<usize>) -> Result<()> {
     let xs = ctx.input(0)?.shape();
     let c = if xs.len() > 1 { xs[1] } else { xs.first().copied().unwrap_or(1) };
     for i in params {
@@ -383,48 +383,6 @@ fn check_channel_params(ctx: &LowerCtx<'_>, params: std::ops::Range<usize>) -> R
     }
     Ok(())
 }
-
-fn claim_batch_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
-    require_inputs(node, 5, 5)?;
-    for i in 0..5 {
-        require_input_type(node, i, &[ElemType::F32, ElemType::F16, ElemType::BF16, ElemType::F64])?;
-    }
-    if node.attr_int("training_mode", 0)? != 0 {
-        return Err(Decline::new("training_mode=1 is not supported (inference only)"));
-    }
-    if node.outputs.iter().skip(1).any(Option::is_some) {
-        return Err(Decline::new("the running-statistics outputs (training) are not supported"));
-    }
-    Ok(())
-}
-
-fn lower_batch_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let x = ctx.input(0)?;
-    let s = ctx.stream_for(x.dtype());
-    let r = x.ndim();
-    let eps = node.attr_float("epsilon", 1e-5)? as f64;
-    check_channel_params(ctx, 1..5)?;
-    let p = |i: usize| -> Result<Array> { per_channel(ctx.input(i)?, r, s) };
-    let (scale, bias, mean, var) = (p(1)?, p(2)?, p(3)?, p(4)?);
-    // `x * a + (bias - mean * a)` with `a = scale / sqrt(var + eps)`, as ORT's CPU EP computes it
-    // (so an infinite scale gives its NaN).
-    let a = ops::multiply(&ops::rsqrt(&ops::add(&var, &ops::scalar(eps, var.dtype(), s)?, s)?, s)?, &scale, s)?;
-    let b = ops::subtract(&bias, &ops::multiply(&mean, &a, s)?, s)?;
-    let y = ops::add(&ops::multiply(&f32_of(x, s)?, &a, s)?, &b, s)?;
-    Ok(vec![ops::astype(&y, x.dtype(), s)?])
-}
-
-ep_core::register_lowering!(
-    BATCH_NORM = FnLowering {
-        domain: "",
-        op: "BatchNormalization",
-        opsets: 7..=i32::MAX,
-        claim: claim_batch_norm,
-        lower: lower_batch_norm,
-        safety: CompileSafety::Shapeless,
-        growth: None,
-    }
-);
 
 fn claim_instance_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 3, 3)?;
@@ -687,22 +645,6 @@ mod spec {
                     }
                 };
                 case.attr_float("epsilon", 1e-5).output("y", t, &[b, sq, h]).with_seed(seed)
-            })
-            .boxed()
-    });
-
-    register_spec!(super::BATCH_NORM, || {
-        (float_dtype(), nonempty_shape(2..=4), opset(9..=22), seed())
-            .prop_map(|(t, s, v, seed)| {
-                let c = s[1];
-                let positive = conformance_spec::Values::Uniform { lo: 0.2, hi: 2.0 };
-                let case = Case::op("BatchNormalization", v)
-                    .input("x", t, &s)
-                    .input("scale", t, &[c])
-                    .input("bias", t, &[c])
-                    .input("mean", t, &[c])
-                    .input_with("var", t, &[c], positive);
-                case.attr_float("epsilon", 1e-3).output("y", t, &s).with_seed(seed)
             })
             .boxed()
     });
