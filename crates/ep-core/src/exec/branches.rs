@@ -21,7 +21,8 @@ const CAPACITY: usize = 32;
 /// Enclosing integer and boolean values of at most this many elements are baked into the
 /// closure, their values part of its key: a node of the subgraph may read them on the host
 /// (Squeeze's axes, Reshape's shape, a nested If's condition), which a traced argument forbids.
-const BAKED_ELEMENTS: usize = 64;
+/// (Few, so that data read as data, token ids say, rarely multiplies the traces.)
+const BAKED_ELEMENTS: usize = 8;
 
 /// A compiled subgraph's key: the subgraph's address (stable while the plan owns it), its
 /// arguments' dtypes and shapes, and the baked values (name, dtype, shape, bytes).
@@ -79,8 +80,10 @@ impl PlanCaches {
             } else {
                 let mut bytes = vec![0u8; a.size() * a.dtype().size_in_bytes()];
                 a.copy_to(&mut bytes, at.cpu)?;
-                baked.push((name.clone(), a.dtype(), a.shape(), bytes));
-                values.push((name, a));
+                // A copy of its own: the closure outlives the run, and `a` may be a view of a
+                // buffer ORT lends for this run only.
+                values.push((name.clone(), Array::from_bytes(&bytes, &a.shape(), a.dtype())?));
+                baked.push((name, a.dtype(), a.shape(), bytes));
             }
         }
         let id = graph as *const Subgraph as usize;
@@ -102,7 +105,10 @@ impl PlanCaches {
                 }
                 *n += 1;
                 if entries.len() >= CAPACITY {
+                    // (The counts start again with the table: a key traced again counts anew.)
                     entries.clear();
+                    traced.retain(|_, n| *n == usize::MAX);
+                    traced.insert(id, 1);
                 }
                 let made = self.subgraph_closure(graph, formal, names, values);
                 entries.insert(key.clone(), made);

@@ -80,6 +80,20 @@ impl Translation {
                     _ => None,
                 })
                 .collect();
+            // A value read through the node's subgraphs (an If's branch, a loop body) is
+            // beyond what `growth` is asked about: a growing one refuses the slot.
+            let grows = |src: &Source| match *src {
+                Source::Input(i) => input_growth(i).is_some(),
+                Source::Value(v) => values.contains_key(&v),
+                _ => false,
+            };
+            if let Some((name, _)) = node.implicit.iter().find(|(_, src)| grows(src)) {
+                return Err(format!(
+                    "node '{}' ({}) reads the growing value '{name}' in its subgraphs",
+                    node.info.name,
+                    node.info.qualified_op()
+                ));
+            }
             if inputs.iter().all(Option::is_none) {
                 continue;
             }
@@ -253,9 +267,10 @@ impl Plan {
         // whatever its data) and the shapeless slot serves the run.
         let run = self.apply(&traced, &args, flags.as_ref());
         if let Some(flags) = flags {
-            if run.is_err() {
-                // (Not evaluated with a graph that failed: evaluated alone, to tell which.)
-                flags.eval()?;
+            // (Not evaluated with a graph that failed: evaluated alone, to tell whether the
+            // prologue's data sent the run elsewhere; where it cannot be, the run's error.)
+            if run.is_err() && flags.eval().is_err() {
+                return run;
             }
             if !flags.to_vec::<bool>(&self.stream)?.iter().all(|&ok| ok) {
                 return Ok(Applied::GuardMiss);

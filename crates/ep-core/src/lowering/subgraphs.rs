@@ -17,7 +17,8 @@ impl LowerCtx<'_> {
     }
 
     /// [`Self::run_subgraph`] for a branch whose results are used only where `taken` (a
-    /// boolean scalar array) is true: its nodes' data checks hold wherever it is false (a
+    /// boolean scalar array) is true: its nodes' data checks and guards hold wherever it is
+    /// false (a
     /// branch evaluated on the device beside the other, then selected, must not fail the run
     /// on data only the branch not taken would read).
     pub fn run_branch(&mut self, graph: &Subgraph, inputs: Vec<Array>, taken: &Array) -> Result<Vec<Array>> {
@@ -37,15 +38,22 @@ impl LowerCtx<'_> {
             guards: &mut guards,
         };
         let outputs = engine.subgraph(graph, inputs, call)?;
-        self.guards.extend(guards);
         match taken {
-            None => self.checks.extend(checks),
+            None => {
+                self.checks.extend(checks);
+                self.guards.extend(guards);
+            }
             Some(taken) => {
+                // Its checks and guards hold where the branch is not taken.
                 let skipped = ops::logical_not(taken, self.stream)?;
-                for c in checks {
+                let gated = |c: Check| -> Result<Check> {
                     let holds = ops::logical_or(&c.holds(self.stream)?, &skipped, self.stream)?;
-                    self.checks.push(Check { what: Checked::All(holds), reason: c.reason });
-                }
+                    Ok(Check { what: Checked::All(holds), reason: c.reason })
+                };
+                let checks = checks.into_iter().map(gated).collect::<Result<Vec<_>>>()?;
+                let guards = guards.into_iter().map(gated).collect::<Result<Vec<_>>>()?;
+                self.checks.extend(checks);
+                self.guards.extend(guards);
             }
         }
         Ok(outputs)
