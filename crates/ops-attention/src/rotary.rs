@@ -93,8 +93,8 @@ pub(crate) fn angles(
 /// Rotates whole heads (`rotary_dim` = head size) of the first `rotated` heads of `x`
 /// (`[B, n, S, H]`, any float type) by `cos`/`sin` (`[B, 1, S, H / 2]`, float32) and passes the
 /// other heads through unchanged (packed query, key and value heads: the value heads are
-/// not rotated). One reversed view (each feature's partner; a gather in a shapeless trace)
-/// and one fused kernel, with no cutting of heads or halves: each pair `(a, b)` becomes `(a c - b s, b c + a s)` as
+/// not rotated). One gather (each feature's partner) and one fused kernel, with no cutting
+/// of heads or halves: each pair `(a, b)` becomes `(a c - b s, b c + a s)` as
 /// `x * [c, c] + partner * [-s, s]`, in float32, rounded once to `x`'s type; the tables are
 /// built once per graph (`tag` names them among its shared values, `of` the inputs they
 /// derive from).
@@ -137,20 +137,7 @@ pub(crate) fn rotate_leading_heads(
         Ok(vec![c2, s2, partner, turned])
     })?;
     let x5 = ops::reshape(x, &pairs, s)?;
-    // Outside a shapeless trace the partner is `x5` reversed along the pair axis: a view,
-    // read by the fused kernel with a negative stride (no gather, and on CUDA no gather
-    // kernel for NVRTC to compile on a first run). A shapeless trace cannot replay a slice.
-    let partner = if ctx.shapeless() {
-        ops::take_along_axis(&x5, &tables[2], axis, s)?
-    } else {
-        let mut start = vec![0i64; 5];
-        start[axis as usize] = 1;
-        let mut stop = pairs.clone();
-        stop[axis as usize] = -3;
-        let mut strides = vec![1i64; 5];
-        strides[axis as usize] = -1;
-        ops::slice_strided(&x5, &start, &stop, &strides, s)?
-    };
+    let partner = ops::take_along_axis(&x5, &tables[2], axis, s)?;
     let wide = |a: &Array| ops::astype(a, Dtype::F32, s);
     let turned =
         ops::add(&ops::multiply(&wide(&x5)?, &tables[0], s)?, &ops::multiply(&wide(&partner)?, &tables[1], s)?, s)?;
