@@ -129,10 +129,11 @@ def test_scan_inputs_of_different_lengths_fail_cleanly():
         raise AssertionError("scan inputs of 3 and 5 iterations ran")
 
 
-def loop_model(with_trip, with_cond, trip_const=None, scan=True, tail=None):
+def loop_model(with_trip, with_cond, trip_const=None, scan=True, tail=None, passthrough=False):
     """acc += x * (i + 1) each iteration while acc < limit (the body's condition); the scan
     output is each iteration's acc. `trip_const`: the trip count as an initializer; `tail`: an
-    op applied to the final acc (names the session apart in summaries)."""
+    op applied to the final acc (names the session apart in summaries); `passthrough`: the
+    body hands its condition input back (an Identity) instead of comparing with `limit`."""
     body = helper.make_graph(
         [
             helper.make_node("Cast", ["i"], ["i_f"], to=F),
@@ -148,6 +149,8 @@ def loop_model(with_trip, with_cond, trip_const=None, scan=True, tail=None):
         [vi("go_on", TensorProto.BOOL, []), vi("acc_out", F, [3]), vi("acc_seen", F, [3])],
         [numpy_helper.from_array(np.ones((), np.float32), "one")],
     )
+    if passthrough:
+        body.node[5].CopyFrom(helper.make_node("Identity", ["cond_in"], ["go_on"]))
     if not scan:
         body.node.pop()
         body.output.pop()
@@ -166,6 +169,16 @@ def loop_model(with_trip, with_cond, trip_const=None, scan=True, tail=None):
         inputs.append(vi("cond", TensorProto.BOOL, []))
     outputs = [vi("acc", F, [3])] + ([vi("history", F, ["N", 3])] if scan else [])
     return model(nodes, inputs, outputs, inits, opset=17)
+
+
+def test_loop_passing_its_condition_through():
+    """A `for` loop's export: the body hands its condition back; the eager form (a trip count
+    that is data) queues the iterations without reading the condition."""
+    m = loop_model(True, True, passthrough=True)
+    feeds = [{"x": np.array([0.5, 1.0, 2.0], np.float32), "acc0": np.zeros(3, np.float32),
+              "limit": np.array(1.0, np.float32), "trip": np.array(trip, np.int64), "cond": np.array(cond)}
+             for trip, cond in [(100, True), (3, True), (0, True), (7, False)]]
+    compare(m, feeds)
 
 
 def test_loop_forms():
@@ -478,6 +491,8 @@ def bench(repeat=50):
     for trip in (16, 64, 65, 256):
         cases[f"Loop, {trip} iterations ({'unrolled' if trip <= 64 else 'eager'})"] = (
             loop_model(False, False, trip_const=trip, scan=False), loop_feed)
+    cases["Loop, 256 iterations, the condition passed through (eager, not read)"] = (
+        loop_model(False, False, trip_const=256, scan=False, passthrough=True), loop_feed)
     for name, (m, feed) in cases.items():
         times = {}
         for ep, make in (("CPU EP", cpu_session), ("MLX EP", mlx_session)):
@@ -512,6 +527,7 @@ def main():
     check("Scan with no iterations: initial states, empty scan outputs", test_scan_without_iterations)
     check("Scan inputs of different lengths: a clear error naming the node", test_scan_inputs_of_different_lengths_fail_cleanly)
     check("Loop: trip count, condition, early exit, no iterations, scan output, on MLX, match", test_loop_forms)
+    check("Loop whose body passes its condition through: no read per iteration, matches", test_loop_passing_its_condition_through)
     check("VAD-shaped model (If > Conv, nested If > LSTM): one MLX partition, matches", test_vad_shaped_model_is_one_partition)
     check("audio front-end (Scan over frames, DFT, mel, log): one MLX partition, matches", test_audio_frontend_is_one_partition)
     check("If with a data condition: compiled, both branches selected on the device, a check of the branch "

@@ -112,6 +112,9 @@ fn eager(ctx: &mut LowerCtx<'_>, node: &NodeInfo, shape: &Shape<'_>) -> Result<V
     let mut elements: Vec<Vec<Array>> = vec![Vec::new(); scanned];
     let mut it: i64 = 0;
     let outer: Vec<String> = node.implicit_inputs.iter().map(|v| v.name.clone()).collect();
+    // A body that hands its condition back unchanged (a `for` loop's export) needs no read
+    // per iteration: the iterations queue up and are evaluated with the node's outputs.
+    let passed_through = trip.is_some() && passes_condition_through(body);
     while keep_going && trip.is_none_or(|m| it < m) {
         if it >= MAX_ITERATIONS {
             bail!("the loop is still going after {MAX_ITERATIONS} iterations, the most the MLX EP runs");
@@ -120,8 +123,10 @@ fn eager(ctx: &mut LowerCtx<'_>, node: &NodeInfo, shape: &Shape<'_>) -> Result<V
         args.extend(state.iter().cloned());
         let outs = ctx.run_subgraph_compiled(body, args, &outer)?;
         let (cond, next, per_iteration) = split(outs, shape)?;
-        let cond = ops::astype(&cond, Dtype::I64, ctx.cpu_stream())?.to_vec::<i64>(ctx.cpu_stream())?;
-        keep_going = one(cond, "the body's condition")? != 0;
+        if !passed_through {
+            let cond = ops::astype(&cond, Dtype::I64, ctx.cpu_stream())?.to_vec::<i64>(ctx.cpu_stream())?;
+            keep_going = one(cond, "the body's condition")? != 0;
+        }
         state = next;
         for (e, a) in elements.iter_mut().zip(per_iteration) {
             e.push(a);
@@ -129,6 +134,19 @@ fn eager(ctx: &mut LowerCtx<'_>, node: &NodeInfo, shape: &Shape<'_>) -> Result<V
         it += 1;
     }
     finish(ctx, shape, state, elements)
+}
+
+/// Whether the body's condition output is its condition input, directly or through one
+/// Identity.
+fn passes_condition_through(body: &Subgraph) -> bool {
+    let (Some(cond_in), Some(cond_out)) = (body.inputs.get(1), body.outputs.first()) else { return false };
+    cond_out.name == cond_in.name
+        || body.nodes.iter().any(|n| {
+            n.op_type == "Identity"
+                && n.domain.is_empty()
+                && n.input(0).is_some_and(|v| v.name == cond_in.name)
+                && n.output(0).is_some_and(|v| v.name == cond_out.name)
+        })
 }
 
 /// The loop unrolled into the graph being traced: the trip count must be known while
