@@ -101,34 +101,33 @@ mod spec {
     use conformance_spec::strategy::*;
     use conformance_spec::{Case, DType, register_spec};
 
+    /// The five inputs, the variance positive.
+    fn inputs(t: DType, s: &[i64], v: u32) -> Case {
+        let c = s[1];
+        let positive = conformance_spec::Values::Uniform { lo: 0.2, hi: 2.0 };
+        Case::op("BatchNormalization", v)
+            .input("x", t, s)
+            .input("scale", t, &[c])
+            .input("bias", t, &[c])
+            .input("mean", t, &[c])
+            .input_with("var", t, &[c], positive)
+            .attr_float("epsilon", 1e-3)
+            .output("y", t, s)
+    }
+
     register_spec!(super::BATCH_NORM, || {
-        let inference = (float_dtype(), nonempty_shape(2..=4), opset(9..=22), seed()).prop_map(|(t, s, v, seed)| {
-            let c = s[1];
-            let positive = conformance_spec::Values::Uniform { lo: 0.2, hi: 2.0 };
-            let case = Case::op("BatchNormalization", v)
-                .input("x", t, &s)
-                .input("scale", t, &[c])
-                .input("bias", t, &[c])
-                .input("mean", t, &[c])
-                .input_with("var", t, &[c], positive);
-            case.attr_float("epsilon", 1e-3).output("y", t, &s).with_seed(seed)
-        });
+        let inference = (float_dtype(), nonempty_shape(2..=4), opset(9..=22), seed())
+            .prop_map(|(t, s, v, seed)| inputs(t, &s, v).with_seed(seed));
         // Training mode: the batch's statistics, and the running ones (ONNX's type inference
         // asks for all three outputs).
         let training = (nonempty_shape(2..=4), opset(14..=22), 0..=9i64, seed()).prop_map(|(s, v, tenths, seed)| {
             let (c, t) = (s[1], DType::F32);
-            let positive = conformance_spec::Values::Uniform { lo: 0.2, hi: 2.0 };
-            let case = Case::op("BatchNormalization", v)
-                .input("x", t, &s)
-                .input("scale", t, &[c])
-                .input("bias", t, &[c])
-                .input("mean", t, &[c])
-                .input_with("var", t, &[c], positive)
+            inputs(t, &s, v)
                 .attr_int("training_mode", 1)
                 .attr_float("momentum", tenths as f32 / 10.0)
-                .attr_float("epsilon", 1e-3)
-                .output("y", t, &s);
-            case.output("running_mean", t, &[c]).output("running_var", t, &[c]).with_seed(seed)
+                .output("running_mean", t, &[c])
+                .output("running_var", t, &[c])
+                .with_seed(seed)
         });
         prop_oneof![inference, training].boxed()
     });

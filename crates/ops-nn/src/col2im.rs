@@ -6,6 +6,7 @@
 //! EP answers dilated blocks of one or three spatial axes wrongly past the first channel; this
 //! follows ONNX's definition, as its reference implementation does.)
 
+use crate::conv::spatial_attr;
 use ep_core::lowering::{FnLowering, require_input_rank, require_input_type, require_inputs};
 use ep_core::mlx::ops::ScatterReduce;
 use ep_core::mlx::{Array, Dtype, ops};
@@ -20,14 +21,6 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     Ok(())
 }
 
-fn attr(node: &NodeInfo, name: &str, k: usize, default: i64) -> Result<Vec<i64>> {
-    match node.attr_ints(name)? {
-        Some(v) if v.len() == k => Ok(v.to_vec()),
-        Some(v) => bail!("{name} has {} values; {k} expected", v.len()),
-        None => Ok(vec![default; k]),
-    }
-}
-
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let image = ctx.host_i64(1)?;
     let block = ctx.host_i64(2)?;
@@ -35,9 +28,9 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     if k == 0 || block.len() != k {
         bail!("image_shape {image:?} and block_shape {block:?} must have one positive size per spatial axis");
     }
-    let dil = attr(node, "dilations", k, 1)?;
-    let strides = attr(node, "strides", k, 1)?;
-    let pads = attr(node, "pads", 2 * k, 0)?;
+    let dil = spatial_attr(node, "dilations", k, 1)?;
+    let strides = spatial_attr(node, "strides", k, 1)?;
+    let pads = spatial_attr(node, "pads", 2 * k, 0)?;
     if image.iter().chain(&block).chain(&dil).chain(&strides).any(|&v| v < 1) || pads.iter().any(|&p| p < 0) {
         bail!("sizes, dilations and strides must be positive and pads non-negative");
     }

@@ -35,11 +35,21 @@ fn finish(y: &Array, r: usize, bias: Option<&Array>, s: &ep_core::mlx::Stream) -
 }
 
 /// `y + b` with `b` per channel (axis 1).
-fn add_bias(y: &Array, b: &Array, s: &ep_core::mlx::Stream) -> Result<Array> {
+pub(crate) fn add_bias(y: &Array, b: &Array, s: &ep_core::mlx::Stream) -> Result<Array> {
     check_bias(Some(b), y.shape()[1])?;
     let mut shape = vec![1i64; y.ndim()];
     shape[1] = b.size() as i64;
     Ok(ops::add(y, &ops::reshape(b, &shape, s)?, s)?)
+}
+
+/// A list attribute of `k` values (one per spatial axis, or two for pads), `default` each when
+/// absent; another length is an error naming it.
+pub(crate) fn spatial_attr(node: &NodeInfo, name: &str, k: usize, default: i64) -> Result<Vec<i64>> {
+    match node.attr_ints(name)? {
+        Some(v) if v.len() == k => Ok(v.to_vec()),
+        Some(v) => bail!("{name} has {} values; {k} expected", v.len()),
+        None => Ok(vec![default; k]),
+    }
 }
 
 /// The bias, when given, must be a 1-D tensor of the `m` output channels (as ORT's CPU EP

@@ -8,6 +8,7 @@
 //! `X [N, C, H, W]`, `W [M, C / group, kH, kW]`, `offset [N, offset_group * kH * kW * 2, oH,
 //! oW]` (a `(dh, dw)` pair per kernel tap), `B [M]`, `mask [N, offset_group * kH * kW, oH, oW]`.
 
+use crate::conv::spatial_attr;
 use ep_core::lowering::{FnLowering, require_input_rank, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
@@ -22,15 +23,6 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_input_rank(node, 0, 4..=4)?;
     require_input_rank(node, 1, 4..=4)?;
     Ok(())
-}
-
-/// A list attribute of `k` values, `default` each when absent.
-fn attr(node: &NodeInfo, name: &str, k: usize, default: i64) -> Result<Vec<i64>> {
-    match node.attr_ints(name)? {
-        Some(v) if v.len() == k => Ok(v.to_vec()),
-        Some(v) => bail!("{name} has {} values; {k} expected", v.len()),
-        None => Ok(vec![default; k]),
-    }
 }
 
 /// The node's geometry, checked against its inputs' shapes.
@@ -54,14 +46,14 @@ fn geometry(ctx: &LowerCtx<'_>, node: &NodeInfo) -> Result<Geometry> {
     let (xs, ws, os) = (ctx.input(0)?.shape(), ctx.input(1)?.shape(), ctx.input(2)?.shape());
     let (n, c, h, w) = (xs[0], xs[1], xs[2], xs[3]);
     let (m, cpg) = (ws[0], ws[1]);
-    let kernel = attr(node, "kernel_shape", 2, 0)?;
+    let kernel = spatial_attr(node, "kernel_shape", 2, 0)?;
     let kernel = if node.attr_ints("kernel_shape")?.is_some() { [kernel[0], kernel[1]] } else { [ws[2], ws[3]] };
     if kernel != [ws[2], ws[3]] {
         bail!("kernel_shape {kernel:?} differs from the weight's {:?}", &ws[2..]);
     }
-    let strides = attr(node, "strides", 2, 1)?;
-    let dil = attr(node, "dilations", 2, 1)?;
-    let pads = attr(node, "pads", 4, 0)?;
+    let strides = spatial_attr(node, "strides", 2, 1)?;
+    let dil = spatial_attr(node, "dilations", 2, 1)?;
+    let pads = spatial_attr(node, "pads", 4, 0)?;
     let group = node.attr_int("group", 1)?;
     let offset_group = node.attr_int("offset_group", 1)?;
     if strides.iter().chain(&dil).any(|&v| v < 1) || pads.iter().any(|&p| p < 0) || kernel.iter().any(|&k| k < 1) {
@@ -87,11 +79,7 @@ fn geometry(ctx: &LowerCtx<'_>, node: &NodeInfo) -> Result<Geometry> {
     if os != want {
         bail!("the offset has shape {os:?}; {want:?} expected");
     }
-    if let Some(b) = ctx.optional_input(3)
-        && b.shape() != [m]
-    {
-        bail!("the bias has shape {:?}; [{m}] expected", b.shape());
-    }
+    crate::conv::check_bias(ctx.optional_input(3), m)?;
     if let Some(mask) = ctx.optional_input(4)
         && mask.shape() != [n, offset_group * taps, out[0], out[1]]
     {
@@ -206,10 +194,10 @@ fn columns_times_weights(ctx: &LowerCtx<'_>, g: &Geometry, sampled: &Array, s: &
     let cols = ops::reshape(sampled, &[g.n, g.group, per_group, spots], s)?;
     let weights = ops::reshape(ctx.input(1)?, &[1, g.group, g.m / g.group, per_group], s)?;
     let y = ops::reshape(&ops::matmul(&weights, &cols, s)?, &[g.n, g.m, g.out[0], g.out[1]], s)?;
-    Ok(match ctx.optional_input(3) {
-        Some(b) => ops::add(&y, &ops::reshape(b, &[1, g.m, 1, 1], s)?, s)?,
-        None => y,
-    })
+    match ctx.optional_input(3) {
+        Some(b) => crate::conv::add_bias(&y, b, s),
+        None => Ok(y),
+    }
 }
 
 ep_core::register_lowering!(
