@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: mlx-ep-run demo [--repeat N] [--json PATH]
-       mlx-ep-run llm [--preset tiny|small|qwen2.5-0.5b] [--layers N] [--kv growing|shared|device] [--prompt N] [--steps N] [--json PATH]
+       mlx-ep-run llm [--preset tiny|small|qwen2.5-0.5b] [--layers N] [--kv growing|shared|device] [--prompt N] [--steps N] [--repeat N] [--json PATH]
        mlx-ep-run run MODEL.onnx [--repeat N] [--json PATH] [--dim NAME=VALUE]... [--io host|device]
 The plugin is taken from $ORT_MLX_EP_LIB, ONNX Runtime from $ORT_DYLIB_PATH.";
 
@@ -30,12 +30,18 @@ fn run() -> Result<bool> {
     let (mut preset, mut prompt_len, mut steps) = ("tiny".to_owned(), 16usize, 32usize);
     let mut kv = decoder::KvStyle::Growing;
     let mut layers: Option<usize> = None;
+    // llm: steady generations timed after the first (medians over them).
+    let mut llm_repeat = 3usize;
     let mut it = rest.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--repeat" => {
                 opts.repeat =
-                    it.next().ok_or("--repeat needs a value")?.parse().map_err(|_| "--repeat needs a number")?
+                    it.next().ok_or("--repeat needs a value")?.parse().map_err(|_| "--repeat needs a number")?;
+                if opts.repeat < 1 {
+                    return Err("--repeat needs at least 1".into());
+                }
+                llm_repeat = opts.repeat;
             }
             "--json" => json = Some(it.next().ok_or("--json needs a path")?.into()),
             "--dim" => {
@@ -88,7 +94,7 @@ fn run() -> Result<bool> {
         if let Some(n) = layers {
             cfg.layers = n;
         }
-        let report = decoder::compare_with(&cfg, prompt_len, steps, kv)?;
+        let report = decoder::compare_with(&cfg, prompt_len, steps, kv, llm_repeat)?;
         decoder::print(&report);
         if let Some(path) = json {
             std::fs::write(&path, serde_json::to_string_pretty(&decoder::to_json(&report))?)?;

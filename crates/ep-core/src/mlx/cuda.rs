@@ -271,10 +271,8 @@ pub(super) unsafe fn copy(copies: &[(*mut u8, *const u8, usize)]) -> Result<()> 
             direct.push((dst as u64, src as u64, n));
         }
     }
-    for &(slot, src, n) in &ups {
-        // SAFETY: `src` holds `n` bytes per the caller; the slot lies in the staging buffer.
-        unsafe { std::ptr::copy_nonoverlapping(src, slot, n) };
-    }
+    // SAFETY: `src` holds `n` bytes per the caller; the slots are disjoint in the staging buffer.
+    unsafe { super::host_copy::copy(&ups) };
     let mut queued: Result<()>;
     // SAFETY: driver calls on the current (MLX's) context; the ranges are valid per the caller
     // or lie in the staging buffer.
@@ -300,10 +298,8 @@ pub(super) unsafe fn copy(copies: &[(*mut u8, *const u8, usize)]) -> Result<()> 
             return Err(MlxError(format!("cuStreamSynchronize failed with CUDA error {rc}")));
         }
     }
-    for &(dst, slot, n) in &downs {
-        // SAFETY: `dst` holds `n` bytes per the caller; the slot was filled by the wait above.
-        unsafe { std::ptr::copy_nonoverlapping(slot, dst, n) };
-    }
+    // SAFETY: `dst` holds `n` bytes per the caller; the slots were filled by the wait above.
+    unsafe { super::host_copy::copy(&downs) };
     Ok(())
 }
 

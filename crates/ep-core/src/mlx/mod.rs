@@ -15,6 +15,7 @@ mod cuda;
 pub mod device;
 mod dtype;
 mod fast;
+mod host_copy;
 pub mod ops;
 mod slicing;
 mod stream;
