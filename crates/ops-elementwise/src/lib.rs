@@ -11,6 +11,7 @@
 mod activation;
 mod binary;
 mod cast;
+mod gated;
 mod hash;
 mod select;
 mod shrink;

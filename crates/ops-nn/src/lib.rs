@@ -20,6 +20,8 @@ mod dropout;
 mod einsum;
 mod embed_layer_norm;
 mod fused;
+mod gated_norm;
+mod hyper_connection;
 mod image;
 mod linalg;
 mod loss;

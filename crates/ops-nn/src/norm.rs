@@ -104,12 +104,18 @@ ep_core::register_lowering!(
     }
 );
 
-/// `x * scale / sqrt(mean(x^2) + eps)` over `axes` in float32, and the inverse RMS. On GPUs,
-/// over the last axis with a per-feature scale (every LLM's norm), the result is MLX's fused
-/// RMS norm, the same formula in one kernel (on the CPU MLX only falls back to these same
-/// operations, measured slower inside compiled graphs); the inverse RMS is built apart and
-/// computed only when it is an output.
-fn rms_normalize(x: &Array, scale: &Array, axes: &[i32], eps: f64, s: &Stream) -> Result<(Array, Array)> {
+/// `x * scale / sqrt(mean(x^2) + eps)` over `axes` in float32 (no scale: 1), and the inverse
+/// RMS. On GPUs, over the last axis with a per-feature scale (every LLM's norm), the result is
+/// MLX's fused RMS norm, the same formula in one kernel (on the CPU MLX only falls back to
+/// these same operations, measured slower inside compiled graphs); the inverse RMS is built
+/// apart and computed only when it is an output.
+pub(crate) fn rms_normalize(
+    x: &Array,
+    scale: Option<&Array>,
+    axes: &[i32],
+    eps: f64,
+    s: &Stream,
+) -> Result<(Array, Array)> {
     let w = f32_of(x, s)?;
     let ms = ops::mean_axes(&ops::square(&w, s)?, axes, true, s)?;
     let inv = ops::rsqrt(&ops::add(&ms, &ops::scalar(eps, ms.dtype(), s)?, s)?, s)?;
@@ -122,12 +128,11 @@ fn rms_normalize(x: &Array, scale: &Array, axes: &[i32], eps: f64, s: &Stream) -
         && x.size() > 0
         && shape[shape.len() - 1] > 1
         && (axes == [-1] || axes == [last])
-        && scale.ndim() == 1
-        && scale.shape()[0] == shape[shape.len() - 1];
-    let y = if fused {
-        ops::rms_norm(&w, &f32_of(scale, s)?, eps as f32, s)?
-    } else {
-        ops::multiply(&ops::multiply(&w, &inv, s)?, &f32_of(scale, s)?, s)?
+        && scale.is_some_and(|k| k.ndim() == 1 && k.shape()[0] == shape[shape.len() - 1]);
+    let y = match scale {
+        Some(k) if fused => ops::rms_norm(&w, &f32_of(k, s)?, eps as f32, s)?,
+        Some(k) => ops::multiply(&ops::multiply(&w, &inv, s)?, &f32_of(k, s)?, s)?,
+        None => ops::multiply(&w, &inv, s)?,
     };
     Ok((y, inv))
 }
@@ -159,7 +164,7 @@ fn rms_of_inputs(ctx: &LowerCtx<'_>, node: &NodeInfo) -> Result<(Array, Array)> 
     let axis = normalize_axis(node.attr_int("axis", -1)?, r)?;
     let eps = node.attr_float("epsilon", 1e-5)? as f64;
     let axes: Vec<i32> = (axis as i32..r as i32).collect();
-    rms_normalize(x, &f32_param(ctx, 1)?, &axes, eps, ctx.stream())
+    rms_normalize(x, Some(&f32_param(ctx, 1)?), &axes, eps, ctx.stream())
 }
 
 fn claim_rms_norm(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -241,7 +246,7 @@ fn lower_skip_simplified_norm(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result
     if ctx.optional_input(3).is_some() {
         sum = ops::add(&sum, &f32_param(ctx, 3)?, s)?;
     }
-    let (y, inv) = rms_normalize(&sum, &f32_param(ctx, 2)?, &[-1], eps, s)?;
+    let (y, inv) = rms_normalize(&sum, Some(&f32_param(ctx, 2)?), &[-1], eps, s)?;
     let sum = ops::astype(&sum, x.dtype(), s)?;
     let unused_mean = ops::multiply(&inv, &ops::scalar(0.0, Dtype::F32, s)?, s)?;
     Ok(vec![ops::astype(&y, x.dtype(), s)?, unused_mean, inv, sum])

@@ -1,0 +1,156 @@
+//! Two `com.microsoft` elementwise forms of recent decoder blocks (hyper-connections, gated
+//! linear attention), rounded step by step as ORT's CPU EP rounds them:
+//! - ScaledSiLU: `z = T(scale * x)`, `y = T(z * T(sigmoid(z)))`, the scale a scalar input when
+//!   present, else the `alpha` attribute (default 1);
+//! - GatedAdd: `x + T(y * gate)`, `gate` of shape `(..., 1)` broadcast over the last axis.
+
+use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs};
+use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
+
+const MS: &str = "com.microsoft";
+
+/// `a` (float32) rounded to `t` and widened back: the value ORT's kernel holds in `t`.
+fn round_to(a: Array, t: Dtype, s: &Stream) -> Result<Array> {
+    if t == Dtype::F32 {
+        return Ok(a);
+    }
+    Ok(ops::astype(&ops::astype(&a, t, s)?, Dtype::F32, s)?)
+}
+
+fn f32_of(a: &Array, s: &Stream) -> Result<Array> {
+    if a.dtype() == Dtype::F32 { Ok(a.clone()) } else { Ok(ops::astype(a, Dtype::F32, s)?) }
+}
+
+fn claim_scaled_silu(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 1, 2)?;
+    require_input_type(node, 0, FLOATS)?;
+    require_input_type(node, 1, FLOATS)?;
+    match node.input(1).and_then(|v| v.rank()) {
+        Some(r) if r != 0 => Err(Decline(format!("the scale has rank {r}; it must be a scalar"))),
+        _ => Ok(()),
+    }
+}
+
+fn lower_scaled_silu(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let (x, s) = (ctx.input(0)?, ctx.stream());
+    let t = x.dtype();
+    let scale = match ctx.optional_input(1) {
+        Some(k) if k.ndim() != 0 => bail!("the scale has shape {:?}; it must be a scalar", k.shape()),
+        Some(k) => f32_of(k, s)?,
+        None => ops::scalar(node.attr_float("alpha", 1.0)? as f64, Dtype::F32, s)?,
+    };
+    let z = round_to(ops::multiply(&f32_of(x, s)?, &scale, s)?, t, s)?;
+    let gate = round_to(ops::sigmoid(&z, s)?, t, s)?;
+    let y = ops::multiply(&z, &gate, s)?;
+    Ok(vec![if t == Dtype::F32 { y } else { ops::astype(&y, t, s)? }])
+}
+
+ep_core::register_lowering!(
+    SCALED_SILU = FnLowering {
+        domain: MS,
+        op: "ScaledSiLU",
+        opsets: 1..=i32::MAX,
+        claim: claim_scaled_silu,
+        lower: lower_scaled_silu,
+        safety: CompileSafety::Shapeless,
+        growth: None,
+    }
+);
+
+/// ORT's CPU kernel: float32 and float16.
+const GATED_ADD_TYPES: &[ElemType] = &[ElemType::F32, ElemType::F16];
+
+fn claim_gated_add(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 3, 3)?;
+    ep_core::lowering::require_types(node, GATED_ADD_TYPES)
+}
+
+/// The shapes ORT's kernel accepts: `y` of `x`'s shape, `gate` of it with a last dimension of 1.
+fn check_gated_add(x: &[i64], y: &[i64], gate: &[i64]) -> std::result::Result<(), String> {
+    let Some((&last, prefix)) = x.split_last() else {
+        return Err("X is a scalar; it needs rank 1 or more".into());
+    };
+    if y != x {
+        return Err(format!("Y {y:?} must have the shape of X {x:?}"));
+    }
+    if last <= 0 {
+        return Err(format!("X {x:?} has an empty last dimension"));
+    }
+    if gate.len() != x.len() || gate[..prefix.len()] != *prefix || gate[prefix.len()] != 1 {
+        return Err(format!("gate {gate:?} must be X's shape {x:?} with a last dimension of 1"));
+    }
+    Ok(())
+}
+
+fn lower_gated_add(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+    let (x, y, gate, s) = (ctx.input(0)?, ctx.input(1)?, ctx.input(2)?, ctx.stream());
+    check_gated_add(&x.shape(), &y.shape(), &gate.shape()).map_err(ep_core::Error::new)?;
+    let t = x.dtype();
+    let product = round_to(ops::multiply(&f32_of(y, s)?, &f32_of(gate, s)?, s)?, t, s)?;
+    let sum = ops::add(&f32_of(x, s)?, &product, s)?;
+    Ok(vec![if t == Dtype::F32 { sum } else { ops::astype(&sum, t, s)? }])
+}
+
+ep_core::register_lowering!(
+    GATED_ADD = FnLowering {
+        domain: MS,
+        op: "GatedAdd",
+        opsets: 1..=i32::MAX,
+        claim: claim_gated_add,
+        lower: lower_gated_add,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
+#[cfg(test)]
+mod tests {
+    use super::check_gated_add;
+
+    #[test]
+    fn gated_add_checks_the_shapes_ort_checks() {
+        assert!(check_gated_add(&[2, 3, 4], &[2, 3, 4], &[2, 3, 1]).is_ok());
+        assert!(check_gated_add(&[], &[], &[]).is_err(), "a scalar X");
+        assert!(check_gated_add(&[2, 4], &[2, 3], &[2, 1]).is_err(), "Y of another shape");
+        assert!(check_gated_add(&[2, 4], &[2, 4], &[2, 4]).is_err(), "a gate over the last axis");
+        assert!(check_gated_add(&[2, 4], &[2, 4], &[1, 1]).is_err(), "a broadcast gate");
+        assert!(check_gated_add(&[2, 0], &[2, 0], &[2, 1]).is_err(), "an empty last axis");
+    }
+}
+
+#[cfg(feature = "conformance")]
+mod spec {
+    use conformance_spec::strategy::*;
+    use conformance_spec::{Case, DType, Values, register_spec};
+
+    register_spec!(super::SCALED_SILU, || {
+        (dtype_of(&[DType::F32, DType::F16, DType::BF16]), shape(0..=4), 0..3u8, seed())
+            .prop_map(|(t, s, form, seed)| {
+                let case = Case::domain_op("com.microsoft", "ScaledSiLU", 1).input_with("x", t, &s, Values::Special);
+                let case = match form {
+                    // The attribute (or its default), or a scalar input of another float type.
+                    0 => case,
+                    1 => case.attr_float("alpha", 1.0 / 0.6),
+                    _ => case.input_with("scale", DType::F32, &[], Values::Uniform { lo: -3.0, hi: 3.0 }),
+                };
+                case.output("y", t, &s).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!(super::GATED_ADD, || {
+        (float_dtype(), nonempty_shape(1..=4), seed())
+            .prop_map(|(t, s, seed)| {
+                let mut gate = s.clone();
+                *gate.last_mut().expect("rank 1 or more") = 1;
+                Case::domain_op("com.microsoft", "GatedAdd", 1)
+                    .input("x", t, &s)
+                    .input("y", t, &s)
+                    .input_with("gate", t, &gate, Values::Uniform { lo: -2.0, hi: 2.0 })
+                    .output("output", t, &s)
+                    .with_seed(seed)
+            })
+            .boxed()
+    });
+}
