@@ -51,7 +51,14 @@ fn claim_onnx(node: &NodeInfo) -> std::result::Result<(), Decline> {
 }
 
 /// Rotates `x` with angles `(cos, sin)` (`[B, 1, S, dim/2]` float32), any layout.
-fn apply(ctx: &LowerCtx<'_>, node: &NodeInfo, x: &Array, cos: &Array, sin: &Array, s: &Stream) -> Result<Array> {
+pub(crate) fn apply(
+    ctx: &LowerCtx<'_>,
+    node: &NodeInfo,
+    x: &Array,
+    cos: &Array,
+    sin: &Array,
+    s: &Stream,
+) -> Result<Array> {
     let shape = x.shape();
     let interleaved = node.attr_int("interleaved", 0)? == 1;
     let half = cos.shape()[3];
