@@ -17,8 +17,8 @@ use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail
 fn assignment(sections: [i64; 3], interleaved: bool, half: usize) -> Vec<u8> {
     let mut by = vec![0u8; half];
     if interleaved {
-        for stream in 1..3 {
-            let end = (sections[stream] * 3).min(half as i64).max(0) as usize;
+        for (stream, &len) in sections.iter().enumerate().skip(1) {
+            let end = (len * 3).min(half as i64).max(0) as usize;
             for col in (stream..end).step_by(3) {
                 by[col] = stream as u8;
             }
