@@ -27,6 +27,7 @@ mod linalg;
 mod loss;
 mod lrn;
 mod matmul;
+mod nms;
 mod norm;
 mod norm_shapes;
 mod pool;
