@@ -318,8 +318,13 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             // The rows kept and where the new ones go: the same for every layer.
             let tag =
                 format!("GroupQueryAttention one entry's rows len={present_len} s={} first={first_prompt}", g.seq);
+            let lone = !ctx.shapeless();
             let at = ctx.shared(&[5], &tag, |_| {
                 let rows = iota(present_len, 2, s)?;
+                if lone {
+                    // (Fixed shapes: the same tables without a chain for MLX to fuse.)
+                    return crate::lone::entry_rows(&rows, &past_b, present_len, g.seq, s);
+                }
                 let keep = ops::less(&rows, &past_b, s)?;
                 let last = int(present_len - g.seq, s)?;
                 let start = ops::clip(&ops::reshape(&past_b, &[1], s)?, Some(&int(0, s)?), Some(&last), s)?;
@@ -347,7 +352,14 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let window = node.attr_int("local_window_size", -1)?;
     let tag =
         format!("GroupQueryAttention keys b={} s={} len={present_len} causal={causal} window={window}", g.batch, g.seq);
+    let lone = !ctx.shapeless();
     let seen = ctx.shared(&[5], &tag, |_| {
+        if lone && window < 0 {
+            // (Fixed shapes: without a chain for MLX to fuse.)
+            let keys = iota(present_len, 3, s)?;
+            let lengths = (&past_b, &t_b);
+            return Ok(vec![crate::lone::keys_seen(&keys, lengths, g.seq, causal, !first_prompt, s)?]);
+        }
         // The keys [lo, hi): up to the causal frontier (capped at the last valid key) and at
         // most `window` of them.
         let hi = if causal {

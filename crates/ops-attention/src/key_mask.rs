@@ -48,9 +48,14 @@ pub(crate) fn attend(
     let tag = format!("{tag} key mask columns b={batch} heads={heads_n}/{kv_heads} keys={keys} pad={pad} {dtype:?}");
     let cols = ctx.shared(of, &tag, |_| {
         let zero = ops::scalar(0.0, dtype, s)?;
-        let neg_inf = ops::scalar(f64::NEG_INFINITY, dtype, s)?;
-        // [B, 1, L, 1]: 0 for a key seen, -inf for one masked.
-        let bias = ops::reshape(&ops::where_(allowed, &zero, &neg_inf, s)?, &[batch, 1, keys, 1], s)?;
+        // [B, 1, L, 1]: 0 for a key seen, -inf for one masked (fixed shapes: without a chain
+        // for MLX to fuse, see `lone`).
+        let bias = if shapeless {
+            ops::where_(allowed, &zero, &ops::scalar(f64::NEG_INFINITY, dtype, s)?, s)?
+        } else {
+            crate::lone::mask_bias(allowed, dtype, s)?
+        };
+        let bias = ops::reshape(&bias, &[batch, 1, keys, 1], s)?;
         let key_col = if pad > 1 {
             let rest = ops::full(&[batch, 1, keys, pad - 1], &zero, dtype, s)?;
             ops::concatenate(&[bias, rest], 3, s)?

@@ -13,6 +13,7 @@ mod attention;
 mod group_query_attention;
 mod heads;
 mod key_mask;
+mod lone;
 mod mrotary_embedding;
 mod multi_head_attention;
 mod packed_attention;
