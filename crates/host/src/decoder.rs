@@ -441,7 +441,8 @@ pub struct Generation {
     /// Wall time of each decode step.
     pub step_ms: Vec<f64>,
     /// The session's first generation (graph building and kernel compilation included):
-    /// its prefill and its whole time. The other figures are from a second generation.
+    /// its prefill and its whole time. The other figures are from the generations after it
+    /// (tokens and logits from the second; times as [`crate::llm::compare_with`] reports them).
     pub cold_prefill_ms: f64,
     pub cold_total_ms: f64,
 }

@@ -82,8 +82,18 @@ pub fn compare_with(
         let cold = once(&mut session)?;
         let mut g = once(&mut session)?;
         let mut prefills = vec![g.prefill_ms];
-        for _ in 1..repeat {
+        for k in 1..repeat {
             let again = once(&mut session)?;
+            // The same inputs: the same greedy tokens, or the EP is not deterministic.
+            if again.tokens != g.tokens {
+                return Err(format!(
+                    "{ep:?}: generation {} of the same prompt chose other tokens than generation 2 ({:?} against {:?})",
+                    k + 2,
+                    again.tokens,
+                    g.tokens
+                )
+                .into());
+            }
             prefills.push(again.prefill_ms);
             g.step_ms.extend(again.step_ms);
         }

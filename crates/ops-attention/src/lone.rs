@@ -32,8 +32,8 @@ fn fitted(a: &Array, shape: &[i64], s: &Stream) -> Result<Array> {
 
 /// For one batch entry whose `past` rows (`[1, 1, 1, 1]` int32) are kept in a present of
 /// `len` rows that `seq` new rows join: `rows < past` (`[1, 1, len, 1]`), the write position
-/// `clip(past, 0, len - seq)` (`[1]`) and `rows == start` (`[1, 1, len, 1]`), as
-/// `[keep, start, written]`. `rows` is `0..len` along axis 2. (The tables feed every layer:
+/// `clip(past, 0, len - seq)` (`[1]`; for one new row `past` itself, unread) and
+/// `rows == start` (`[1, 1, len, 1]`), as `[keep, start, written]`. `rows` is `0..len` along axis 2. (The tables feed every layer:
 /// MLX fuses none of them into its readers.)
 pub(crate) fn entry_rows(rows: &Array, past: &Array, len: i64, seq: i64, s: &Stream) -> Result<Vec<Array>> {
     let shape = [1, 1, len, 1];

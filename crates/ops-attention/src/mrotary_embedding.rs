@@ -71,8 +71,9 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
 
 /// The checks of ORT's kernel that read shapes: the input 3-D `[B, S, heads * H]` (with
 /// `num_heads`) or 4-D `[B, heads, S, H]`, ids `[3, B, S]`, caches alike `[rows, dim / 2]`
-/// with `S` rows or more, `dim` (the head, or `rotary_embedding_dim`) even and within the
-/// head, the sections summing to `dim / 2`. The rotary dim's half.
+/// with `S` rows or more, `dim` (the head, or `rotary_embedding_dim`) positive and within the
+/// head, the sections summing to `dim / 2`; and an even `dim` (ORT leaves an odd one's last
+/// feature unwritten: refused here). The rotary dim's half.
 fn check(node: &NodeInfo, x: &[i64], ids: &[i64], cos: &[i64], sin: &[i64], sections: [i64; 3]) -> Result<i64> {
     let heads = node.attr_int("num_heads", 0)?;
     let (batch, seq, head) = match *x {
@@ -93,7 +94,7 @@ fn check(node: &NodeInfo, x: &[i64], ids: &[i64], cos: &[i64], sin: &[i64], sect
     };
     let empty = x.iter().product::<i64>() == 0;
     if dim > head || (!empty && (dim <= 0 || dim % 2 != 0)) {
-        bail!("the rotary dimension {dim} must be positive, even and at most the head size {head}");
+        bail!("the rotary dimension {dim} must be positive, even (pairs of features) and at most the head size {head}");
     }
     if cos[1] != dim / 2 {
         bail!("the caches' width {} is not half the rotary dimension {dim}", cos[1]);

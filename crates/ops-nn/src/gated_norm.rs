@@ -1,7 +1,7 @@
 //! `com.microsoft` GatedRMSNorm (Mamba2's and gated linear attention's output norm):
 //! `Y = X * rsqrt(mean(X^2) + epsilon) * scale * act(gate)`, the mean over each run of `C`
 //! values of the last axis (`C` the scale's length, the last axis a multiple of it: a per-head
-//! norm over packed heads), `act` SiLU (`silu`, the default) or `sigmoid`. Float32 arithmetic,
+//! norm over packed heads), `act` SiLU (`silu` or `swish`, the default) or `sigmoid`. Float32 arithmetic,
 //! rounded once, as ORT's CPU EP computes it (its kernel takes float32 and float16).
 
 use crate::norm::{f32_of, rms_normalize};
@@ -9,13 +9,14 @@ use ep_core::lowering::{FnLowering, require_inputs, require_types};
 use ep_core::mlx::{Array, ops};
 use ep_core::{AttrValue, CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
 
-/// Whether the gate's activation is a plain sigmoid (else SiLU); ORT's kernel refuses others.
+/// Whether the gate's activation is a plain sigmoid (else SiLU, also named `swish`); ORT's
+/// kernel refuses other names.
 fn sigmoid_gate(node: &NodeInfo) -> std::result::Result<bool, String> {
     match node.attr("activation") {
         None => Ok(false),
-        Some(AttrValue::String(a)) if a == "silu" => Ok(false),
+        Some(AttrValue::String(a)) if a == "silu" || a == "swish" => Ok(false),
         Some(AttrValue::String(a)) if a == "sigmoid" => Ok(true),
-        Some(other) => Err(format!("activation {other:?} is not silu or sigmoid")),
+        Some(other) => Err(format!("activation {other:?} is not silu, swish or sigmoid")),
     }
 }
 
@@ -79,7 +80,7 @@ mod spec {
                     .attr_float("epsilon", 1e-5);
                 let case = match act {
                     0 => case,
-                    1 => case.attr_str("activation", "silu"),
+                    1 => case.attr_str("activation", if seed % 2 == 0 { "silu" } else { "swish" }),
                     _ => case.attr_str("activation", "sigmoid"),
                 };
                 case.output("y", t, &x).with_seed(seed)

@@ -189,7 +189,8 @@ fn lower_post_mix(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
                 ep_core::bail!("the stream mix {:?} must have shape {:?}", m.shape(), st.with(&[c, c]));
             }
             // sum over the source branch s of m[..., s, c] * x[..., s, h]: (..., S, C, 1) times
-            // (..., S, 1, H), summed over S (elementwise, exact in float32 on every device).
+            // (..., S, 1, H), summed over S: float32 products on every device (a matrix product
+            // could run in TF32 on a GPU), summed in MLX's order rather than ORT's loop's.
             let m = ops::reshape(&f32_of(m, s)?, &st.with(&[c, c, 1]), s)?;
             let x = ops::reshape(&grouped, &st.with(&[c, 1, h]), s)?;
             ops::sum_axes(&ops::multiply(&m, &x, s)?, &[-3], false, s)?

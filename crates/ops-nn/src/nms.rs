@@ -40,13 +40,13 @@ impl Candidate {
     }
 
     /// Whether `self` overlaps `kept` by more than `threshold` (IoU), as ORT decides it, the
-    /// kept box first: empty overlaps, areas or unions suppress nothing, and its `max` and
+    /// candidate first: empty overlaps, areas or unions suppress nothing, and its `max` and
     /// `min` keep their first operand where a comparison with NaN fails.
     fn suppressed_by(&self, kept: &Candidate, threshold: f32, center: bool) -> bool {
         let max = |a: f32, b: f32| if a < b { b } else { a };
         let min = |a: f32, b: f32| if b < a { b } else { a };
-        let (ax0, ax1, ay0, ay1) = kept.extent(center);
-        let (bx0, bx1, by0, by1) = self.extent(center);
+        let (ax0, ax1, ay0, ay1) = self.extent(center);
+        let (bx0, bx1, by0, by1) = kept.extent(center);
         let (x0, x1) = (max(ax0, bx0), min(ax1, bx1));
         if x1 <= x0 {
             return false;
@@ -68,8 +68,8 @@ impl Candidate {
     }
 }
 
-/// ORT's candidate order: a binary max-heap popped until empty, built and popped as the C++
-/// standard library's `priority_queue` does, under ORT's "less": a lower score, or an equal
+/// ORT's candidate order: a binary max-heap popped until empty, built and popped as
+/// libstdc++'s `priority_queue` does (ORT's Linux builds), under ORT's "less": a lower score, or an equal
 /// score and a higher index. Without NaN scores that is descending score, the lower index
 /// first among equals; with them, the heap's own order (a NaN compares neither way), which
 /// only the same algorithm reproduces.
