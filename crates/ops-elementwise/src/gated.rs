@@ -1,8 +1,11 @@
-//! Two `com.microsoft` elementwise forms of recent decoder blocks (hyper-connections, gated
+//! `com.microsoft` elementwise forms of recent decoder blocks (hyper-connections, gated
 //! linear attention), rounded step by step as ORT's CPU EP rounds them:
 //! - ScaledSiLU: `z = T(scale * x)`, `y = T(z * T(sigmoid(z)))`, the scale a scalar input when
 //!   present, else the `alpha` attribute (default 1);
-//! - GatedAdd: `x + T(y * gate)`, `gate` of shape `(..., 1)` broadcast over the last axis.
+//! - GatedAdd: `x + T(y * gate)`, `gate` of shape `(..., 1)` broadcast over the last axis;
+//! - LinearAttentionGate: `decay = T(decay_scale * softplus(a + dt_bias))` over the heads (the
+//!   last axis of `a`; `dt_bias` and `decay_scale` float32 per head) and, when asked for,
+//!   `beta = T(sigmoid(b))`, in float32.
 
 use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -104,6 +107,69 @@ ep_core::register_lowering!(
     }
 );
 
+fn claim_gate(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 3, 4)?;
+    for i in [0, 3] {
+        require_input_type(node, i, GATED_ADD_TYPES)?;
+    }
+    for i in [1, 2] {
+        require_input_type(node, i, &[ElemType::F32])?;
+    }
+    Ok(())
+}
+
+fn lower_gate(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let (a, s) = (ctx.input(0)?, ctx.stream());
+    let shape = a.shape();
+    let Some(&heads) = shape.last() else { bail!("a is a scalar; it needs rank 1 or more (heads last)") };
+    if heads <= 0 {
+        bail!("a {shape:?} has no heads (an empty last dimension)");
+    }
+    let per_head = |i: usize, what: &str| -> Result<Array> {
+        let v = ctx.input(i)?;
+        if v.size() as i64 != heads {
+            bail!("{what} has {} values; a has {heads} heads", v.size());
+        }
+        Ok(ops::reshape(v, &[heads], s)?)
+    };
+    let (bias, scale) = (per_head(1, "dt_bias")?, per_head(2, "decay_scale")?);
+    let t = a.dtype();
+    let v = ops::add(&f32_of(a, s)?, &bias, s)?;
+    // ORT's softplus: v + log(exp(-v) + 1) above 0, log(exp(v) + 1) otherwise.
+    let one = ops::scalar(1.0, Dtype::F32, s)?;
+    let soft = |x: &Array| -> Result<Array> { Ok(ops::log(&ops::add(&ops::exp(x, s)?, &one, s)?, s)?) };
+    let positive = ops::greater(&v, &ops::scalar(0.0, Dtype::F32, s)?, s)?;
+    let softplus = ops::where_(&positive, &ops::add(&v, &soft(&ops::negative(&v, s)?)?, s)?, &soft(&v)?, s)?;
+    let decay = ops::multiply(&scale, &softplus, s)?;
+    let cast = |x: Array| -> Result<Array> { if t == Dtype::F32 { Ok(x) } else { Ok(ops::astype(&x, t, s)?) } };
+    let mut outs = vec![cast(decay)?];
+    if node.outputs.len() > 1 {
+        if node.output(1).is_none() {
+            // An output slot left empty: nothing to compute (its place held).
+            outs.push(outs[0].clone());
+            return Ok(outs);
+        }
+        let Some(b) = ctx.optional_input(3) else { bail!("the beta output needs the b input") };
+        if b.shape() != shape {
+            bail!("b {:?} must have the shape of a {shape:?}", b.shape());
+        }
+        outs.push(cast(ops::sigmoid(&f32_of(b, s)?, s)?)?);
+    }
+    Ok(outs)
+}
+
+ep_core::register_lowering!(
+    LINEAR_ATTENTION_GATE = FnLowering {
+        domain: MS,
+        op: "LinearAttentionGate",
+        opsets: 1..=i32::MAX,
+        claim: claim_gate,
+        lower: lower_gate,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
 #[cfg(test)]
 mod tests {
     use super::check_gated_add;
@@ -135,6 +201,21 @@ mod spec {
                     _ => case.input_with("scale", DType::F32, &[], Values::Uniform { lo: -3.0, hi: 3.0 }),
                 };
                 case.output("y", t, &s).with_seed(seed)
+            })
+            .boxed()
+    });
+
+    register_spec!(super::LINEAR_ATTENTION_GATE, || {
+        (float_dtype(), nonempty_shape(1..=3), any::<bool>(), seed())
+            .prop_map(|(t, s, beta, seed)| {
+                let heads = *s.last().expect("rank 1 or more");
+                let case = Case::domain_op("com.microsoft", "LinearAttentionGate", 1)
+                    .input_with("a", t, &s, Values::Uniform { lo: -6.0, hi: 6.0 })
+                    .input("dt_bias", DType::F32, &[heads])
+                    .input_with("decay_scale", DType::F32, &[heads], Values::Uniform { lo: -2.0, hi: 0.0 });
+                let case = if beta { case.input("b", t, &s) } else { case };
+                let case = case.output("decay", t, &s);
+                if beta { case.output("beta", t, &s) } else { case }.with_seed(seed)
             })
             .boxed()
     });
