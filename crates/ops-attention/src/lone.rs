@@ -1,13 +1,14 @@
-//! Small integer tables built once per graph (which rows of a static KV buffer a step keeps
-//! and writes) from lone operations: no elementwise chain that MLX's compiler would fuse.
+//! GroupQueryAttention's small tables built once per fixed-shape graph (which rows of a static
+//! KV buffer a step keeps and writes, which keys each query sees, the key mask column) from
+//! lone operations: no elementwise chain that MLX's compiler would fuse.
 //!
 //! On CUDA each fused chain is a kernel MLX compiles with NVRTC the first time a process (with
-//! an empty kernel cache) meets it, three to five seconds each, one at a time; a lone
+//! an empty kernel cache) meets it, three to six seconds each, one at a time; a lone
 //! elementwise operation runs one of MLX's precompiled kernels. These tables are a few hundred
-//! values computed once per decode step, so fusing them saved nothing measurable while their
-//! two chains cost about 7 s of a decoder's first run. MLX fuses across broadcasts and
-//! elementwise operations only: a reshape ends a chain (two reshapes leave the array as it was;
-//! a broadcast view is copied by the first).
+//! values computed once per decode step, so fusing them saved nothing measurable (decode 0.99x
+//! with them unfused on an H100) while their three chains took 14.5 s of a decoder's first run
+//! there. MLX fuses across broadcasts and elementwise operations only: a reshape ends a chain
+//! (two reshapes leave the array as it was; a broadcast view is copied by the first).
 
 use ep_core::Result;
 use ep_core::mlx::{Array, Stream, ops};
@@ -33,8 +34,8 @@ fn fitted(a: &Array, shape: &[i64], s: &Stream) -> Result<Array> {
 /// For one batch entry whose `past` rows (`[1, 1, 1, 1]` int32) are kept in a present of
 /// `len` rows that `seq` new rows join: `rows < past` (`[1, 1, len, 1]`), the write position
 /// `clip(past, 0, len - seq)` (`[1]`; for one new row `past` itself, unread) and
-/// `rows == start` (`[1, 1, len, 1]`), as `[keep, start, written]`. `rows` is `0..len` along axis 2. (The tables feed every layer:
-/// MLX fuses none of them into its readers.)
+/// `rows == start` (`[1, 1, len, 1]`), as `[keep, start, written]`; `rows` is `0..len` along
+/// axis 2. (The tables feed every layer: MLX fuses none of them into its readers.)
 pub(crate) fn entry_rows(rows: &Array, past: &Array, len: i64, seq: i64, s: &Stream) -> Result<Vec<Array>> {
     let shape = [1, 1, len, 1];
     let at_past = widened(past, &shape, s)?;
