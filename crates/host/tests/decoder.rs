@@ -24,8 +24,8 @@ fn the_tiny_decoder_generates_the_cpu_eps_tokens_on_mlx() {
 
 /// The counter after `label` in the verbose session summary, e.g. `traces` in
 /// "runs: 30 compiled replays, 1 eager; 2 traces, 2 compiles; 31 in the decode slot (...)".
-/// `mlx-ep-run llm` runs two generations per session: the first carries the compilation, the
-/// second is the one timed; the EP's session summary counts both.
+/// `mlx-ep-run llm --repeat 1` runs two generations per session: the first carries the
+/// compilation, the second is the one timed; the EP's session summary counts both.
 const GENERATIONS: u64 = 2;
 
 fn counter(summary: &str, label: &str) -> u64 {
@@ -46,7 +46,7 @@ fn counter(summary: &str, label: &str) -> u64 {
 fn decode_steps_replay_one_trace_with_one_evaluation_each() {
     let steps = 24u64;
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-ep-run"))
-        .args(["llm", "--preset", "tiny", "--prompt", "8", "--steps", &steps.to_string()])
+        .args(["llm", "--preset", "tiny", "--prompt", "8", "--steps", &steps.to_string(), "--repeat", "1"])
         .env("ONNXRUNTIME_EP_MLX_VERBOSE", "1")
         .output()
         .expect("mlx-ep-run runs");
@@ -78,6 +78,8 @@ fn a_shared_kv_buffer_receives_only_the_new_rows() {
             &prompt.to_string(),
             "--steps",
             &steps.to_string(),
+            "--repeat",
+            "1",
         ])
         .env("ONNXRUNTIME_EP_MLX_VERBOSE", "1")
         .output()
