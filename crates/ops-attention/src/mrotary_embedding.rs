@@ -136,10 +136,9 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         // ORT scales each angle's cos/sin and rounds it to the input's type.
         let scale = node.attr_float("scale", 1.0)? as f64;
         if scale != 1.0 {
-            out = ops::multiply(&out, &ops::scalar(scale, Dtype::F32, s)?, s)?;
-            if x.dtype() != Dtype::F32 {
-                out = ops::astype(&ops::astype(&out, x.dtype(), s)?, Dtype::F32, s)?;
-            }
+            // (Through the input's type and back: nothing for float32.)
+            let scaled = ops::multiply(&out, &ops::scalar(scale, Dtype::F32, s)?, s)?;
+            out = ops::astype(&ops::astype(&scaled, x.dtype(), s)?, Dtype::F32, s)?;
         }
         Ok(out)
     };

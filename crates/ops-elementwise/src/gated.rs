@@ -13,16 +13,14 @@ use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail
 
 const MS: &str = "com.microsoft";
 
-/// `a` (float32) rounded to `t` and widened back: the value ORT's kernel holds in `t`.
+/// `a` (float32) rounded to `t` and widened back: the value ORT's kernel holds in `t`. (A
+/// conversion to an array's own type is the array itself: nothing for float32.)
 fn round_to(a: Array, t: Dtype, s: &Stream) -> Result<Array> {
-    if t == Dtype::F32 {
-        return Ok(a);
-    }
     Ok(ops::astype(&ops::astype(&a, t, s)?, Dtype::F32, s)?)
 }
 
 fn f32_of(a: &Array, s: &Stream) -> Result<Array> {
-    if a.dtype() == Dtype::F32 { Ok(a.clone()) } else { Ok(ops::astype(a, Dtype::F32, s)?) }
+    Ok(ops::astype(a, Dtype::F32, s)?)
 }
 
 fn claim_scaled_silu(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -45,8 +43,7 @@ fn lower_scaled_silu(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Arra
     };
     let z = round_to(ops::multiply(&f32_of(x, s)?, &scale, s)?, t, s)?;
     let gate = round_to(ops::sigmoid(&z, s)?, t, s)?;
-    let y = ops::multiply(&z, &gate, s)?;
-    Ok(vec![if t == Dtype::F32 { y } else { ops::astype(&y, t, s)? }])
+    Ok(vec![ops::astype(&ops::multiply(&z, &gate, s)?, t, s)?])
 }
 
 ep_core::register_lowering!(
@@ -91,8 +88,7 @@ fn lower_gated_add(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array
     check_gated_add(&x.shape(), &y.shape(), &gate.shape()).map_err(ep_core::Error::new)?;
     let t = x.dtype();
     let product = round_to(ops::multiply(&f32_of(y, s)?, &f32_of(gate, s)?, s)?, t, s)?;
-    let sum = ops::add(&f32_of(x, s)?, &product, s)?;
-    Ok(vec![if t == Dtype::F32 { sum } else { ops::astype(&sum, t, s)? }])
+    Ok(vec![ops::astype(&ops::add(&f32_of(x, s)?, &product, s)?, t, s)?])
 }
 
 ep_core::register_lowering!(
@@ -135,14 +131,9 @@ fn lower_gate(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let (bias, scale) = (per_head(1, "dt_bias")?, per_head(2, "decay_scale")?);
     let t = a.dtype();
     let v = ops::add(&f32_of(a, s)?, &bias, s)?;
-    // ORT's softplus: v + log(exp(-v) + 1) above 0, log(exp(v) + 1) otherwise.
-    let one = ops::scalar(1.0, Dtype::F32, s)?;
-    let soft = |x: &Array| -> Result<Array> { Ok(ops::log(&ops::add(&ops::exp(x, s)?, &one, s)?, s)?) };
-    let positive = ops::greater(&v, &ops::scalar(0.0, Dtype::F32, s)?, s)?;
-    let softplus = ops::where_(&positive, &ops::add(&v, &soft(&ops::negative(&v, s)?)?, s)?, &soft(&v)?, s)?;
-    let decay = ops::multiply(&scale, &softplus, s)?;
-    let cast = |x: Array| -> Result<Array> { if t == Dtype::F32 { Ok(x) } else { Ok(ops::astype(&x, t, s)?) } };
-    let mut outs = vec![cast(decay)?];
+    // softplus(v) = log(exp(v) + exp(0)), stable at both ends (as the Softplus lowering).
+    let softplus = ops::logaddexp(&v, &ops::scalar(0.0, Dtype::F32, s)?, s)?;
+    let mut outs = vec![ops::astype(&ops::multiply(&scale, &softplus, s)?, t, s)?];
     if node.outputs.len() > 1 {
         if node.output(1).is_none() {
             // An output slot left empty: nothing to compute (its place held).
@@ -153,7 +144,7 @@ fn lower_gate(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         if b.shape() != shape {
             bail!("b {:?} must have the shape of a {shape:?}", b.shape());
         }
-        outs.push(cast(ops::sigmoid(&f32_of(b, s)?, s)?)?);
+        outs.push(ops::astype(&ops::sigmoid(&f32_of(b, s)?, s)?, t, s)?);
     }
     Ok(outs)
 }
