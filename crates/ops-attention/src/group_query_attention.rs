@@ -134,12 +134,14 @@ fn present(past: Option<&Array>, new: &Array, past_b: &Array, len: i64, g: &Geom
 }
 
 /// [`present`] for one batch entry with a past: the rows below `past_b` kept (`keep`, `[1, 1,
-/// len, 1]`), one slice update writing `new` at `start` (`past_b` clamped to the buffer, `[1]`:
-/// a position held as data, so a replayed graph serves every step; an entry past the buffer
-/// fails the run through the seqlens check).
-/// One new row (`written`: `[1, 1, len, 1]`, true at the row it goes to) is one fused select.
+/// len, 1]`), the `S` new rows written from `past_b` clamped to the buffer (a position held as
+/// data, so a replayed graph serves every step; an entry past the buffer fails the run
+/// through the seqlens check): `written` (`[1, 1, len, 1]`) is true at the rows they go to
+/// and `source` (`[len]` int32) names the new row each row would take. One new row is one
+/// fused select; several are a gather of the new rows and a select (no dynamic slice update:
+/// on CUDA that is an offset kernel of its own for NVRTC to compile on a first run).
 fn present_one(past: &Array, new: &Array, at: &[Array], len: i64, s: &Stream) -> Result<Array> {
-    let (keep, start, written) = (&at[0], &at[1], &at[2]);
+    let (keep, written) = (&at[0], &at[1]);
     let p_len = past.shape()[2];
     let zero = ops::scalar(0.0, new.dtype(), s)?;
     let p = if p_len < len {
@@ -151,7 +153,7 @@ fn present_one(past: &Array, new: &Array, at: &[Array], len: i64, s: &Stream) ->
     if new.shape()[2] == 1 {
         return Ok(ops::where_(written, new, &kept, s)?);
     }
-    Ok(ops::slice_update_dynamic(&kept, new, start, &[2], s)?)
+    Ok(ops::where_(written, &ops::take(new, &at[2], 2, s)?, &kept, s)?)
 }
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
@@ -326,10 +328,19 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
                     return crate::lone::entry_rows(&rows, &past_b, present_len, g.seq, s);
                 }
                 let keep = ops::less(&rows, &past_b, s)?;
+                if g.seq == 1 {
+                    return Ok(vec![keep, ops::equal(&rows, &past_b, s)?]);
+                }
                 let last = int(present_len - g.seq, s)?;
-                let start = ops::clip(&ops::reshape(&past_b, &[1], s)?, Some(&int(0, s)?), Some(&last), s)?;
-                let written = ops::equal(&rows, &start, s)?;
-                Ok(vec![keep, start, written])
+                let start = ops::clip(&past_b, Some(&int(0, s)?), Some(&last), s)?;
+                let offset = ops::subtract(&rows, &start, s)?;
+                let written = ops::logical_and(
+                    &ops::greater_equal(&offset, &int(0, s)?, s)?,
+                    &ops::less(&offset, &int(g.seq, s)?, s)?,
+                    s,
+                )?;
+                let source = ops::clip(&offset, Some(&int(0, s)?), Some(&int(g.seq - 1, s)?), s)?;
+                Ok(vec![keep, written, ops::flatten(&source, s)?])
             })?;
             (present_one(pk, &k, &at, present_len, s)?, present_one(pv, &v, &at, present_len, s)?)
         }

@@ -37,12 +37,12 @@ pub(crate) fn repeat(x: &Array, reps: i64, s: &Stream) -> Result<Array> {
 }
 
 /// `len` entries of `x` from `start` along `axis`: a view in a shape-keyed graph; in the
-/// decode slot's shapeless trace (`shapeless`), a dynamic slice of the traced shape, which is
-/// right there because the attention lowerings refuse the slot when their query or input
-/// grows (their shapes stay as traced).
+/// decode slot's shapeless trace (`shapeless`), which cannot replay a slice, a gather of
+/// those entries (int32 indices: on CUDA the kernel every int32-indexed gather of a table of
+/// `x`'s type shares, rather than a dynamic slice's offset kernel of its own to compile).
 pub(crate) fn part(x: &Array, start: i64, len: i64, axis: usize, shapeless: bool, s: &Stream) -> Result<Array> {
     if shapeless {
-        return Ok(ops::slice_fixed(x, start, len, axis, s)?);
+        return Ok(ops::take_range(x, start, len, axis as i32, s)?);
     }
     let shape = x.shape();
     let mut lo = vec![0; shape.len()];

@@ -7,22 +7,16 @@
 //! elementwise operation runs one of MLX's precompiled kernels. These tables are a few hundred
 //! values computed once per decode step, so fusing them saved nothing measurable (decode 0.99x
 //! with them unfused on an H100) while their three chains took 14.5 s of a decoder's first run
-//! there. MLX fuses across broadcasts and elementwise operations only: a reshape ends a chain
-//! (two reshapes leave the array as it was; a broadcast view is copied by the first).
+//! there. MLX fuses across broadcasts and elementwise operations only, so [`unfused`] ends a
+//! chain, and a broadcast is ended the same way ([`widened`]).
 
 use ep_core::Result;
+use ep_core::mlx::ops::unfused;
 use ep_core::mlx::{Array, Stream, ops};
 
-/// `a` unchanged, as an array no elementwise chain crosses.
-fn unfused(a: &Array, s: &Stream) -> Result<Array> {
-    let shape = a.shape();
-    let wide: Vec<i64> = std::iter::once(1).chain(shape.iter().copied()).collect();
-    Ok(ops::reshape(&ops::reshape(a, &wide, s)?, &shape, s)?)
-}
-
-/// `a` broadcast to `shape` and materialized (no broadcast left for a chain to fuse).
+/// `a` broadcast to `shape`, with no broadcast left for a chain to fuse.
 fn widened(a: &Array, shape: &[i64], s: &Stream) -> Result<Array> {
-    unfused(&ops::broadcast_to(a, shape, s)?, s)
+    Ok(unfused(&ops::broadcast_to(a, shape, s)?, s)?)
 }
 
 /// [`widened`] for an array no chain ends in (a constant, a reshaped range): as it is where
@@ -32,25 +26,27 @@ fn fitted(a: &Array, shape: &[i64], s: &Stream) -> Result<Array> {
 }
 
 /// For one batch entry whose `past` rows (`[1, 1, 1, 1]` int32) are kept in a present of
-/// `len` rows that `seq` new rows join: `rows < past` (`[1, 1, len, 1]`), the write position
-/// `clip(past, 0, len - seq)` (`[1]`; for one new row `past` itself, unread) and
-/// `rows == start` (`[1, 1, len, 1]`), as `[keep, start, written]`; `rows` is `0..len` along
-/// axis 2. (The tables feed every layer: MLX fuses none of them into its readers.)
+/// `len` rows that `seq` new rows join, the tables `present_one` reads: `rows < past`
+/// (`[1, 1, len, 1]`), the rows written (`[1, 1, len, 1]`: from `start = clip(past, 0, len -
+/// seq)` on, `seq` of them; one new row goes to `past` itself, which the seqlens check holds
+/// within the buffer) and, for several, the new row each row would take (`[len]` int32,
+/// clamped into `0..seq`); `rows` is `0..len` along axis 2. (The tables feed every layer: MLX
+/// fuses none of them into its readers.)
 pub(crate) fn entry_rows(rows: &Array, past: &Array, len: i64, seq: i64, s: &Stream) -> Result<Vec<Array>> {
     let shape = [1, 1, len, 1];
     let at_past = widened(past, &shape, s)?;
     let keep = ops::less(rows, &at_past, s)?;
-    let p = ops::reshape(past, &[1], s)?;
     if seq == 1 {
-        // One new row: its position is the past's length, which the seqlens check holds
-        // within the buffer (a row outside it matches nothing: no write); `start` is unread.
-        return Ok(vec![keep, p, ops::equal(rows, &at_past, s)?]);
+        return Ok(vec![keep, ops::equal(rows, &at_past, s)?]);
     }
-    let floor = Array::from_slice(&[0i32], &[1])?;
-    let ceiling = Array::from_slice(&[(len - seq).clamp(0, i32::MAX as i64) as i32], &[1])?;
-    let start = ops::minimum(&unfused(&ops::maximum(&p, &floor, s)?, s)?, &ceiling, s)?;
-    let at = widened(&ops::reshape(&start, &[1, 1, 1, 1], s)?, &shape, s)?;
-    Ok(vec![keep, start, ops::equal(rows, &at, s)?])
+    let constant = |v: i64| Array::from_slice(&vec![v.clamp(0, i32::MAX as i64) as i32; len as usize], &shape);
+    let start = ops::minimum(&unfused(&ops::maximum(&at_past, &constant(0)?, s)?, s)?, &constant(len - seq)?, s)?;
+    let offset = unfused(&ops::subtract(rows, &unfused(&start, s)?, s)?, s)?;
+    let from = unfused(&ops::greater_equal(&offset, &constant(0)?, s)?, s)?;
+    let before = unfused(&ops::less(&offset, &constant(seq)?, s)?, s)?;
+    let written = ops::logical_and(&from, &before, s)?;
+    let source = ops::minimum(&unfused(&ops::maximum(&offset, &constant(0)?, s)?, s)?, &constant(seq - 1)?, s)?;
+    Ok(vec![keep, written, ops::flatten(&source, s)?])
 }
 
 /// Which of `len` keys (`keys`: `0..len` along axis 3) each of `seq` queries sees, with no

@@ -93,8 +93,9 @@ pub(crate) fn angles(
 /// Rotates whole heads (`rotary_dim` = head size) of the first `rotated` heads of `x`
 /// (`[B, n, S, H]`, any float type) by `cos`/`sin` (`[B, 1, S, H / 2]`, float32) and passes the
 /// other heads through unchanged (packed query, key and value heads: the value heads are
-/// not rotated). One gather (each feature's partner) and one fused kernel, with no cutting
-/// of heads or halves: each pair `(a, b)` becomes `(a c - b s, b c + a s)` as
+/// not rotated). Each feature's partner is a reversed view of the pairs (in a shapeless
+/// trace, which cannot replay a slice, a gather of the pair axis in reverse), read by one fused
+/// kernel, with no cutting of heads or halves: each pair `(a, b)` becomes `(a c - b s, b c + a s)` as
 /// `x * [c, c] + partner * [-s, s]`, in float32, rounded once to `x`'s type; the tables are
 /// built once per graph (`tag` names them among its shared values, `of` the inputs they
 /// derive from).
@@ -127,21 +128,29 @@ pub(crate) fn rotate_leading_heads(
         let sn = ops::reshape(sin, &table_shape, s)?;
         let c2 = ops::concatenate(&[c.clone(), c], axis, s)?;
         let s2 = ops::concatenate(&[ops::negative(&sn, s)?, sn], axis, s)?;
-        // Each feature's partner's index along the pair axis, at full shape (a gather along
-        // an axis with nothing to broadcast).
-        let mut index_shape = vec![1i64; 5];
-        index_shape[axis as usize] = 2;
-        let partner = ops::broadcast_to(&Array::from_slice(&[1i32, 0], &index_shape)?, &pairs, s)?;
         let keep: Vec<bool> = (0..n).map(|h| h < rotated).collect();
         let turned = Array::from_slice(&keep, &[1, n, 1, 1, 1])?;
-        Ok(vec![c2, s2, partner, turned])
+        Ok(vec![c2, s2, turned])
     })?;
     let x5 = ops::reshape(x, &pairs, s)?;
-    let partner = ops::take_along_axis(&x5, &tables[2], axis, s)?;
+    // No gather along an axis: on CUDA that is a kernel of its own for NVRTC to compile on a
+    // process's first run (seconds); the view costs nothing, and the shapeless trace's gather
+    // shares the kernel of every int32-indexed gather of the table's type.
+    let partner = if ctx.shapeless() {
+        ops::take(&x5, &Array::from_slice(&[1i32, 0], &[2])?, axis, s)?
+    } else {
+        let mut start = vec![0i64; 5];
+        start[axis as usize] = 1;
+        let mut stop = pairs.clone();
+        stop[axis as usize] = -3;
+        let mut strides = vec![1i64; 5];
+        strides[axis as usize] = -1;
+        ops::slice_strided(&x5, &start, &stop, &strides, s)?
+    };
     let wide = |a: &Array| ops::astype(a, Dtype::F32, s);
     let turned =
         ops::add(&ops::multiply(&wide(&x5)?, &tables[0], s)?, &ops::multiply(&wide(&partner)?, &tables[1], s)?, s)?;
-    let y = ops::where_(&tables[3], &ops::astype(&turned, x.dtype(), s)?, &x5, s)?;
+    let y = ops::where_(&tables[2], &ops::astype(&turned, x.dtype(), s)?, &x5, s)?;
     Ok(ops::reshape(&y, &shape, s)?)
 }
 

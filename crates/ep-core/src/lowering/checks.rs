@@ -128,12 +128,17 @@ impl LowerCtx<'_> {
         let shape = indices.shape();
         let n = if self.shapeless || indices.size() > 4096 { 1 } else { indices.size() };
         let shape = if n == 1 && indices.size() != 1 { Vec::new() } else { shape };
-        let (idx, divisor) = match indices.dtype() {
-            Dtype::I32 if dim <= i64::from(i32::MAX) => {
-                (indices.clone(), Array::from_slice(&vec![dim as i32; n], &shape)?)
-            }
-            Dtype::I64 => (indices.clone(), Array::from_slice(&vec![dim; n], &shape)?),
-            _ => (ops::astype(indices, Dtype::I64, s)?, Array::from_slice(&vec![dim; n], &shape)?),
+        let (idx, divisor) = if dim <= i64::from(i32::MAX) {
+            // Any other integer type narrowed first (its range is checked as it is, before):
+            // every gather then indexes with int32, one kernel for CUDA to compile per table
+            // type rather than one per index type (an int64 token id and an int32 position).
+            let idx = match indices.dtype() {
+                Dtype::I32 => indices.clone(),
+                _ => ops::unfused(&ops::astype(indices, Dtype::I32, s)?, s)?,
+            };
+            (idx, Array::from_slice(&vec![dim as i32; n], &shape)?)
+        } else {
+            (ops::astype(indices, Dtype::I64, s)?, Array::from_slice(&vec![dim; n], &shape)?)
         };
         Ok(ops::remainder(&idx, &divisor, s)?)
     }

@@ -7,6 +7,7 @@ use std::ffi::c_int;
 pub use super::fast::{dequantize, quantize, quantized_matmul, rms_norm, rope, scaled_dot_product_attention};
 pub use super::slicing::{
     flatten, number_of_elements, slice, slice_fixed, slice_strided, slice_update, slice_update_dynamic, take_range,
+    unfused,
 };
 
 macro_rules! unary {

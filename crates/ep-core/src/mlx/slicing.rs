@@ -118,3 +118,16 @@ pub fn number_of_elements(a: &Array, axes: &[i32], dtype: Dtype, s: &Stream) -> 
     })?;
     Ok(out)
 }
+
+/// `a` unchanged, as an array no chain of elementwise operations crosses: MLX's compiler fuses
+/// elementwise operations and broadcasts only, so an added unit axis taken away again ends a
+/// chain (shape-agnostic, so a shapeless trace replays it). On CUDA each fused chain is a
+/// kernel NVRTC compiles on a process's first meeting with it (seconds, with an empty kernel
+/// cache), where a lone operation runs one of MLX's precompiled kernels.
+pub fn unfused(a: &Array, s: &Stream) -> Result<Array> {
+    let wide = super::ops::expand_dims(a, 0, s)?;
+    let mut out = Array::empty();
+    // SAFETY: as above.
+    check(unsafe { mlx_sys::mlx_squeeze_axis(&mut out.0, wide.0, 0, s.0) })?;
+    Ok(out)
+}
