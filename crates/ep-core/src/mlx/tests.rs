@@ -261,3 +261,39 @@ fn a_fixed_slice_replays_in_a_shapeless_closure() {
     let err = ops::slice_fixed(&Array::from_slice(&[1.0f32; 4], &[4]).unwrap(), 3, 2, 0, &s).unwrap_err();
     assert!(err.0.contains("slice [3, 5)"), "{err}");
 }
+
+/// `unfused` ends a fused chain (MLX's compiler fuses the two exponentials without it, not
+/// with it), keeps the values, and replays in a shapeless closure on a new shape.
+#[test]
+fn unfused_ends_a_fused_chain_and_replays_shapeless() {
+    let _g = lock();
+    let s = cpu();
+    let fused_kernels = |barrier: bool, shapeless: bool| {
+        let closure = Closure::new(move |args: &[Array]| {
+            let s = Stream::cpu()?;
+            let e = ops::exp(&args[0], &s)?;
+            let e = if barrier { ops::unfused(&e, &s)? } else { e };
+            Ok(vec![ops::exp(&e, &s)?])
+        });
+        let compiled = closure.compile(shapeless).unwrap();
+        let mut last = (0, Vec::new());
+        for n in [3usize, 5] {
+            let x = Array::from_slice(&vec![0.5f32; n], &[n as i64]).unwrap();
+            let out = compiled.apply(&[x]).unwrap();
+            let dot = VectorArray::from_arrays(&out).unwrap().graph_dot().unwrap();
+            last = (
+                crate::stats::GraphSize::from_dot("test", &dot).fused,
+                out[0].to_vec::<f32>(&Stream::cpu().unwrap()).unwrap(),
+            );
+        }
+        last
+    };
+    let x = Array::from_slice(&[0.5f32; 5], &[5]).unwrap();
+    let want = ops::exp(&ops::exp(&x, &s).unwrap(), &s).unwrap().to_vec::<f32>(&s).unwrap();
+    assert_eq!(fused_kernels(false, false).0, 1);
+    for shapeless in [false, true] {
+        let (fused, values) = fused_kernels(true, shapeless);
+        assert_eq!(fused, 0, "shapeless={shapeless}");
+        assert_eq!(values, want, "shapeless={shapeless}");
+    }
+}
