@@ -22,6 +22,7 @@ pub mod lowering;
 pub mod mlx;
 pub mod options;
 pub mod partition;
+pub mod quant;
 pub mod registry;
 pub mod shared;
 pub mod stats;

@@ -6,9 +6,9 @@
 //! `a_lo` in 0..=255), and the four byte products are computed exactly by the 8-bit integer
 //! matrix product; they are combined modulo 2^32 in uint32 and read back as int32.
 
-use crate::qdq::integer_matmul;
 use ep_core::lowering::{FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::quant::integer_matmul;
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result};
 
 fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {

@@ -3,9 +3,10 @@
 //! `b`'s scale and zero point per tensor or per column. DynamicQuantizeMatMul first quantizes
 //! its float `A` to uint8 as DynamicQuantizeLinear does (as ORT's CPU EP does).
 
-use crate::qdq::{Q8, dynamic_uint8, integer_matmul, one_value};
+use crate::qdq::{Q8, one_value};
 use ep_core::lowering::{FnLowering, require_input_rank, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::quant::{dynamic_uint8, integer_matmul};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
 
 /// The scales, zero points and bias (inputs `from..`) have rank 0 or 1 where declared.

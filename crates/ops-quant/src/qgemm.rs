@@ -1,13 +1,13 @@
 //! `com.microsoft` QGemm: `alpha * (A - a_zp)(B - b_zp) + C` on 8-bit integers (uint8 A with
 //! uint8 or int8 B, int8 with int8), B's scale and zero point per tensor or per column, the
 //! int32 C in the accumulator's units. The integer product is exact (see
-//! [`crate::qdq::integer_matmul`]); the result is scaled by `(alpha * a_scale) * b_scale`
+//! [`ep_core::quant::integer_matmul`]); the result is scaled by `(alpha * a_scale) * b_scale`
 //! (divided by `y_scale` when given) as float32, or requantized around `y_zero_point`
 //! (saturated in float, rounded half to even), as ORT's CPU kernel does.
 
-use crate::qdq::integer_matmul;
 use ep_core::lowering::{FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::quant::integer_matmul;
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
 
 fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
