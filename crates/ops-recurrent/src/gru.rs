@@ -59,7 +59,7 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let attrs = sequence::Attributes::read::<Gru>(node).map_err(ep_core::Error::new)?;
     let linear_before_reset = sequence::flag(node, "linear_before_reset").map_err(ep_core::Error::new)?;
-    sequence::run(&Gru { linear_before_reset }, ctx, &attrs, &[5], None)
+    sequence::run(&Gru { linear_before_reset }, ctx, &attrs, &[5], None, None)
 }
 
 ep_core::register_lowering!(

@@ -1,4 +1,4 @@
-//! Recurrent lowerings: RNN, GRU and LSTM, every direction, activation, `clip`,
+//! Recurrent lowerings: RNN, GRU, LSTM and `com.microsoft` DynamicQuantizeLSTM, every direction, activation, `clip`,
 //! `sequence_lens`, initial states, peepholes and both layouts.
 //!
 //! Each node becomes one piece of the partition's graph: the input projection of every time
@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 mod activation;
+mod dynamic_quantize_lstm;
 mod gru;
 mod lstm;
 mod rnn;

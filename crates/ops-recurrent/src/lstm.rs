@@ -7,7 +7,7 @@ use ep_core::mlx::{Array, ops};
 use ep_core::{CompileSafety, Decline, LowerCtx, NodeInfo, Result};
 
 pub(crate) struct Lstm {
-    input_forget: bool,
+    pub(crate) input_forget: bool,
 }
 
 impl Cell for Lstm {
@@ -49,7 +49,7 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let attrs = sequence::Attributes::read::<Lstm>(node).map_err(ep_core::Error::new)?;
     let input_forget = sequence::flag(node, "input_forget").map_err(ep_core::Error::new)?;
-    sequence::run(&Lstm { input_forget }, ctx, &attrs, &[5, 6], Some(7))
+    sequence::run(&Lstm { input_forget }, ctx, &attrs, &[5, 6], Some(7), None)
 }
 
 ep_core::register_lowering!(

@@ -75,7 +75,7 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let attrs = sequence::Attributes::read::<Rnn>(node).map_err(ep_core::Error::new)?;
-    sequence::run(&Rnn, ctx, &attrs, &[5], None)
+    sequence::run(&Rnn, ctx, &attrs, &[5], None, None)
 }
 
 ep_core::register_lowering!(

@@ -81,6 +81,8 @@ pub(crate) struct Step<'a> {
     pub clip: Option<f64>,
     pub hidden: i64,
     pub stream: &'a Stream,
+    /// DynamicQuantizeLSTM's step: `h @ R` as an integer product of `h` quantized dynamically.
+    pub quant: Option<crate::dynamic_quantize_lstm::StepProduct<'a>>,
 }
 
 impl Step<'_> {
@@ -101,6 +103,9 @@ impl Step<'_> {
     /// `h @ R^T` for gates `range` of the direction.
     pub fn recurrent(&self, h: &Array, range: std::ops::Range<i64>) -> Result<Array> {
         let s = self.stream;
+        if let Some(q) = &self.quant {
+            return q.product(h, range, s);
+        }
         let hidden = self.hidden;
         let full = range.start == 0 && range.end * hidden == self.rt.shape()[1];
         let rt = if full {
@@ -225,9 +230,10 @@ pub(crate) fn claim<C: Cell>(node: &NodeInfo, max_inputs: usize) -> std::result:
 struct Inputs {
     /// `[T, B, I]`.
     x: Array,
-    /// Per direction: `W^T` `[I, G * H]`, `R^T` `[H, G * H]`.
-    wt: Array,
-    rt: Array,
+    /// Per direction: `W^T` `[I, G * H]`, `R^T` `[H, G * H]` (none for DynamicQuantizeLSTM,
+    /// whose integer weights come apart).
+    wt: Option<Array>,
+    rt: Option<Array>,
     /// `[dirs, G * H]` (W and early R biases), `[dirs, 1, n * H]` (late R biases).
     bias: Option<Array>,
     late_bias: Option<Array>,
@@ -251,6 +257,7 @@ fn inputs<C: Cell>(
     a: &Attributes,
     initial: &[usize],
     peephole: Option<usize>,
+    float_weights: bool,
 ) -> Result<Inputs> {
     let s = ctx.stream();
     let (g, h, dirs) = (C::GATES, a.hidden, a.reverse.len() as i64);
@@ -265,19 +272,25 @@ fn inputs<C: Cell>(
     if t > MAX_STEPS {
         return Err(Error::new(format!("{}: {t} time steps; the MLX EP unrolls at most {MAX_STEPS}", C::OP)));
     }
-    let w = ctx.input(1)?;
-    if w.shape() != [dirs, g * h, i] {
-        return Err(shape_error(C::OP, "W", &w.shape(), &[dirs, g * h, i]));
-    }
-    let r = ctx.input(2)?;
-    if r.shape() != [dirs, g * h, h] {
-        return Err(shape_error(C::OP, "R", &r.shape(), &[dirs, g * h, h]));
-    }
-    let transposed = |array: &Array, s: &Stream| -> Result<Array> {
-        Ok(ops::contiguous(&ops::transpose_axes(array, &[0, 2, 1], s)?, s)?)
+    let (wt, rt) = if float_weights {
+        let w = ctx.input(1)?;
+        if w.shape() != [dirs, g * h, i] {
+            return Err(shape_error(C::OP, "W", &w.shape(), &[dirs, g * h, i]));
+        }
+        let r = ctx.input(2)?;
+        if r.shape() != [dirs, g * h, h] {
+            return Err(shape_error(C::OP, "R", &r.shape(), &[dirs, g * h, h]));
+        }
+        let transposed = |array: &Array, s: &Stream| -> Result<Array> {
+            Ok(ops::contiguous(&ops::transpose_axes(array, &[0, 2, 1], s)?, s)?)
+        };
+        (
+            Some(ctx.derived(1, "recurrent.transposed", transposed)?),
+            Some(ctx.derived(2, "recurrent.transposed", transposed)?),
+        )
+    } else {
+        (None, None)
     };
-    let wt = ctx.derived(1, "recurrent.transposed", transposed)?;
-    let rt = ctx.derived(2, "recurrent.transposed", transposed)?;
     let late = cell.late_recurrent_bias();
     let (mut bias, mut late_bias) = (None, None);
     if let Some(bb) = ctx.optional_input(3) {
@@ -327,6 +340,19 @@ fn inputs<C: Cell>(
     Ok(Inputs { x, wt, rt, bias, late_bias, lens, initial: states, peepholes })
 }
 
+/// For `lens` (`[B, 1]` int32) and `t` steps, each entry's steps reversed within its length
+/// (ONNX's ReverseSequence along time): `[T, B, 1]` int32 step indices, an involution.
+fn reversal_within(lens: &Array, t: i64, b: i64, s: &Stream) -> Result<Array> {
+    let steps = ops::reshape(&ops::arange(0.0, t as f64, 1.0, Dtype::I32, s)?, &[t, 1], s)?;
+    // Clamped into 0..=T so that no index leaves the steps (a length outside fails the run
+    // through its check).
+    let (lo, hi) = (ops::scalar(0.0, Dtype::I32, s)?, ops::scalar(t as f64, Dtype::I32, s)?);
+    let lens = ops::clip(&ops::reshape(lens, &[1, b], s)?, Some(&lo), Some(&hi), s)?;
+    let back = ops::subtract(&ops::subtract(&lens, &ops::scalar(1.0, Dtype::I32, s)?, s)?, &steps, s)?;
+    let index = ops::where_(&ops::less(&steps, &lens, s)?, &back, &steps, s)?;
+    Ok(ops::reshape(&index, &[t, b, 1], s)?)
+}
+
 /// One direction's slice `d` of a `[dirs, ...]` array, without the leading axis.
 fn direction(a: &Array, d: i64, s: &Stream) -> Result<Array> {
     let shape = a.shape();
@@ -339,15 +365,17 @@ fn direction(a: &Array, d: i64, s: &Stream) -> Result<Array> {
 
 /// Runs the node: every direction's time loop, then the outputs in the node's layout: `Y`
 /// (`[T, dirs, B, H]`) and the last states (`[dirs, B, H]`), one per [`Cell::STATES`].
+/// `quant`: DynamicQuantizeLSTM's integer weights, in place of W and R.
 pub(crate) fn run<C: Cell>(
     cell: &C,
     ctx: &mut LowerCtx<'_>,
     a: &Attributes,
     initial: &[usize],
     peephole: Option<usize>,
+    quant: Option<&crate::dynamic_quantize_lstm::Weights>,
 ) -> Result<Vec<Array>> {
     let s = ctx.stream();
-    let v = inputs(cell, ctx, a, initial, peephole)?;
+    let v = inputs(cell, ctx, a, initial, peephole, quant.is_none())?;
     let (t, b, h) = (v.x.shape()[0], v.x.shape()[1], a.hidden);
     let dtype = v.x.dtype();
     let zeros = ops::broadcast_to(&ops::scalar(0.0, dtype, s)?, &[b, h], s)?;
@@ -362,28 +390,41 @@ pub(crate) fn run<C: Cell>(
         }
         None => None,
     };
+    // DynamicQuantizeLSTM's X, quantized once for every direction.
+    let xq = quant.map(|q| q.quantized_input(&v.x, lens.as_ref(), s)).transpose()?;
     let mut ys = Vec::new();
     let mut last: Vec<Vec<Array>> = vec![Vec::new(); C::STATES];
     for (d, &reverse) in a.reverse.iter().enumerate() {
         let d = d as i64;
         // The input projection of every step at once, biases folded in: `[T, B, G * H]`.
-        let mut xw = ops::matmul(&v.x, &direction(&v.wt, d, s)?, s)?;
+        let mut xw = match (quant.zip(xq.as_ref()), &v.wt) {
+            (Some((q, xq)), _) => q.input_product(xq, d, s)?,
+            (None, Some(wt)) => ops::matmul(&v.x, &direction(wt, d, s)?, s)?,
+            (None, None) => return Err(Error::new(format!("{}: no weights", C::OP))),
+        };
         if let Some(bias) = &v.bias {
             xw = ops::add(&xw, &direction(bias, d, s)?, s)?;
         }
-        let rt = direction(&v.rt, d, s)?;
+        // A quantized reverse direction with lengths runs as ORT's kernel does: each entry's
+        // steps reversed within its length, a forward pass, the outputs reversed back (the
+        // entries quantized together are those at the same step of their own reversed
+        // sequence).
+        let within = match (&lens, quant) {
+            (Some(lens), Some(_)) if reverse => Some(reversal_within(lens, t, b, s)?),
+            _ => None,
+        };
+        if let Some(index) = &within {
+            xw = ops::take_along_axis(&xw, &ops::broadcast_to(index, &xw.shape(), s)?, 0, s)?;
+        }
+        let backwards = reverse && within.is_none();
+        let rt = match &v.rt {
+            Some(rt) => direction(rt, d, s)?,
+            None => ops::scalar(0.0, dtype, s)?,
+        };
+        let recurrent = quant.map(|q| q.recurrent(d, s)).transpose()?;
         let late_bias = v.late_bias.as_ref().map(|lb| direction(lb, d, s)).transpose()?;
         let peepholes = v.peepholes.as_ref().map(|p| direction(p, d, s)).transpose()?;
         let acts = &a.acts[d as usize * C::ACTIVATIONS..(d as usize + 1) * C::ACTIVATIONS];
-        let step = Step {
-            rt: &rt,
-            late_bias: late_bias.as_ref(),
-            peepholes: peepholes.as_ref(),
-            acts,
-            clip: a.clip,
-            hidden: h,
-            stream: s,
-        };
         let mut states: Vec<Array> = v
             .initial
             .iter()
@@ -394,9 +435,27 @@ pub(crate) fn run<C: Cell>(
         }
         let per_step = if t > 1 { ops::split_at(&xw, &(1..t).collect::<Vec<_>>(), 0, s)? } else { vec![xw.clone()] };
         let mut outs: Vec<Option<Array>> = vec![None; t as usize];
-        let order: Vec<i64> = if reverse { (0..t).rev().collect() } else { (0..t).collect() };
+        let order: Vec<i64> = if backwards { (0..t).rev().collect() } else { (0..t).collect() };
         for step_t in order {
             let x_t = ops::reshape(&per_step[step_t as usize], &[b, C::GATES * h], s)?;
+            // A quantized step reads h as ORT's kernel holds it: zero for an entry whose
+            // sequence ended before the previous step.
+            let live = match (&lens, backwards) {
+                (Some(lens), false) if recurrent.is_some() => {
+                    Some(ops::less_equal(&ops::scalar(step_t as f64, Dtype::I32, s)?, lens, s)?)
+                }
+                _ => None,
+            };
+            let step = Step {
+                rt: &rt,
+                late_bias: late_bias.as_ref(),
+                peepholes: peepholes.as_ref(),
+                acts,
+                clip: a.clip,
+                hidden: h,
+                stream: s,
+                quant: recurrent.as_ref().map(|r| r.step(live.as_ref())),
+            };
             let new = cell.step(&step, &x_t, &states)?;
             let (y, kept) = match &lens {
                 Some(lens) => {
@@ -414,10 +473,13 @@ pub(crate) fn run<C: Cell>(
             states = kept;
         }
         let outs: Vec<Array> = outs.into_iter().map(|o| o.expect("every step ran")).collect();
-        ys.push(if outs.is_empty() {
-            ops::broadcast_to(&ops::scalar(0.0, dtype, s)?, &[0, b, h], s)?
-        } else {
-            ops::stack(&outs, 0, s)?
+        ys.push(match (outs.is_empty(), &within) {
+            (true, _) => ops::broadcast_to(&ops::scalar(0.0, dtype, s)?, &[0, b, h], s)?,
+            (false, None) => ops::stack(&outs, 0, s)?,
+            (false, Some(index)) => {
+                let y = ops::stack(&outs, 0, s)?;
+                ops::take_along_axis(&y, &ops::broadcast_to(index, &y.shape(), s)?, 0, s)?
+            }
         });
         if t == 0 {
             // No step at all: ORT's CPU EP ends every op at zero states, initial ones or not.
