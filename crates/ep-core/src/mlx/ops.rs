@@ -5,10 +5,7 @@ use super::{Array, Dtype, Result, Stream, check};
 use std::ffi::c_int;
 
 pub use super::fast::{dequantize, quantize, quantized_matmul, rms_norm, rope, scaled_dot_product_attention};
-pub use super::slicing::{
-    flatten, number_of_elements, slice, slice_fixed, slice_strided, slice_update, slice_update_dynamic, take_range,
-    unfused,
-};
+pub use super::slicing::*;
 
 macro_rules! unary {
     ($($(#[$doc:meta])* $name:ident => $raw:ident;)*) => {$(
