@@ -37,9 +37,10 @@ pub(crate) fn repeat(x: &Array, reps: i64, s: &Stream) -> Result<Array> {
 }
 
 /// `len` entries of `x` from `start` along `axis`: a view in a shape-keyed graph; in the
-/// decode slot's shapeless trace (`shapeless`), which cannot replay a slice, a gather of
-/// those entries (int32 indices: on CUDA the kernel every int32-indexed gather of a table of
-/// `x`'s type shares, rather than a dynamic slice's offset kernel of its own to compile).
+/// decode slot's shapeless trace (`shapeless`), where MLX refuses a plain slice on replay, a
+/// gather of those entries (int32 indices: on CUDA the kernel every int32-indexed gather of a
+/// table of `x`'s type shares, where a dynamic slice needs an offset kernel of its own for
+/// NVRTC to compile on a first run).
 pub(crate) fn part(x: &Array, start: i64, len: i64, axis: usize, shapeless: bool, s: &Stream) -> Result<Array> {
     if shapeless {
         return Ok(ops::take_range(x, start, len, axis as i32, s)?);

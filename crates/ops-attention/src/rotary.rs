@@ -94,7 +94,8 @@ pub(crate) fn angles(
 /// (`[B, n, S, H]`, any float type) by `cos`/`sin` (`[B, 1, S, H / 2]`, float32) and passes the
 /// other heads through unchanged (packed query, key and value heads: the value heads are
 /// not rotated). Each feature's partner is a reversed view of the pairs (in a shapeless
-/// trace, which cannot replay a slice, a gather of the pair axis in reverse), read by one fused
+/// trace, where MLX refuses a plain slice on replay, a gather of the pair axis in reverse;
+/// compiled kernels read negative strides right from MLX 0.32.0 on), read by one fused
 /// kernel, with no cutting of heads or halves: each pair `(a, b)` becomes `(a c - b s, b c + a s)` as
 /// `x * [c, c] + partner * [-s, s]`, in float32, rounded once to `x`'s type; the tables are
 /// built once per graph (`tag` names them among its shared values, `of` the inputs they

@@ -106,20 +106,23 @@ impl LowerCtx<'_> {
         Ok(ops::remainder(&idx, &dims, s)?)
     }
 
-    /// `indices` (int32 or int64, kept in their type) as positions within `0..dim` (`dim` at
-    /// least 1), negative ones counting from the end: [`Self::checked_indices`] with one
-    /// dimension, as a range check ([`Self::check_range`]) and [`Self::wrapped`], so no chain
-    /// of elementwise operations for MLX to fuse.
+    /// `indices` (any integer type) as positions within `0..dim` (`dim` at least 1), negative
+    /// ones counting from the end: [`Self::checked_indices`] with one dimension, as a range
+    /// check ([`Self::check_range`]) and [`Self::wrapped`], so no chain of elementwise
+    /// operations for MLX to fuse.
     pub fn checked_index(&mut self, indices: &Array, dim: i64, reason: &str, s: &Stream) -> Result<Array> {
         self.check_range(indices, -dim, dim - 1, reason)?;
         self.wrapped(indices, dim, s)
     }
 
-    /// `indices` (int32 or int64, kept in their type where `dim` fits it) modulo `dim` (at
-    /// least 1), with the divisor's sign (MLX's remainder, as Python's): `-dim..dim` onto
-    /// `0..dim`, and any other index somewhere inside too. One operation: in a fixed-shape
-    /// graph the divisor is a constant of the indices' own shape (up to 4096 elements), since
-    /// a scalar would be broadcast first and MLX would fuse the pair into a kernel of its own.
+    /// `indices` modulo `dim` (at least 1), with the divisor's sign (MLX's remainder, as
+    /// Python's): `-dim..dim` onto `0..dim`, and any other index somewhere inside too. Where
+    /// `dim` fits int32 the result is int32, any other integer type narrowed first behind
+    /// [`ops::unfused`](crate::mlx::ops::unfused): a value outside int32 wraps modulo 2^32
+    /// before the remainder, so the caller checks the range of the values as they are first
+    /// (which the run's check then fails). No fused chain: in a fixed-shape graph the divisor
+    /// is a constant of the indices' own shape (up to 4096 elements), since a scalar would be
+    /// broadcast first and MLX would fuse the pair into a kernel of its own.
     pub fn wrapped(&self, indices: &Array, dim: i64, s: &Stream) -> Result<Array> {
         use crate::mlx::{Dtype, ops};
         if dim < 1 {

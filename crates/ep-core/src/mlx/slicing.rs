@@ -1,6 +1,6 @@
 //! Slices, slice updates and the shape-agnostic forms a shapeless-compiled graph needs (a
-//! slice of fixed length at a start held as data, a flattening, an element count computed
-//! when evaluated); re-exported by [`super::ops`].
+//! gather of consecutive entries, a flattening, an element count computed when evaluated, a
+//! fusion barrier); re-exported by [`super::ops`].
 
 use super::ops::{dims, take};
 use super::{Array, Dtype, Result, Stream, check};
@@ -41,19 +41,6 @@ pub fn slice_strided(a: &Array, start: &[i64], stop: &[i64], strides: &[i64], s:
     Ok(out)
 }
 
-/// `src` with `update` written at the offsets `start` (an integer array, one entry per axis
-/// of `axes`) along `axes`: the offsets are data, so one compiled graph serves every position.
-/// The caller keeps `start + update`'s extent within `src`.
-pub fn slice_update_dynamic(src: &Array, update: &Array, start: &Array, axes: &[i32], s: &Stream) -> Result<Array> {
-    let axes: Vec<c_int> = axes.iter().map(|&a| a as c_int).collect();
-    let mut out = Array::empty();
-    // SAFETY: valid handles; `axes` outlives the call.
-    check(unsafe {
-        mlx_sys::mlx_slice_update_dynamic(&mut out.0, src.0, update.0, start.0, axes.as_ptr(), axes.len(), s.0)
-    })?;
-    Ok(out)
-}
-
 pub fn slice_update(src: &Array, update: &Array, start: &[i64], stop: &[i64], s: &Stream) -> Result<Array> {
     let (start, stop) = (dims(start)?, dims(stop)?);
     let strides = vec![1 as c_int; start.len()];
@@ -80,30 +67,13 @@ pub fn slice_update(src: &Array, update: &Array, start: &[i64], stop: &[i64], s:
 /// indices: unlike a slice, it replays in a shapeless-compiled graph while other dimensions
 /// of `a` change (a slice bakes the traced shape of every axis).
 pub fn take_range(a: &Array, start: i64, len: i64, axis: i32, s: &Stream) -> Result<Array> {
+    let size = a.shape();
+    let dim = usize::try_from(axis).ok().and_then(|d| size.get(d)).copied();
+    if dim.is_none_or(|d| start < 0 || len < 0 || start + len > d) {
+        return Err(super::MlxError(format!("entries [{start}, {}) of axis {axis} of {size:?}", start + len)));
+    }
     let idx: Vec<i32> = (start..start + len).map(|i| i as i32).collect();
     take(a, &Array::from_slice(&idx, &[len])?, axis, s)
-}
-
-/// `len` entries of `a` from `start` along `axis`, for a graph that may be compiled
-/// shapeless: there MLX re-derives every shape on replay and its slice has no rule for that,
-/// so the slice is a dynamic one (a start held as data) whose output shape is `a`'s as traced
-/// with `len` along `axis`. Only for an `a` whose shape stays as traced (elsewhere
-/// [`take_range`]); in a shape-keyed graph [`slice`] is a view and costs nothing.
-pub fn slice_fixed(a: &Array, start: i64, len: i64, axis: usize, s: &Stream) -> Result<Array> {
-    let mut size = a.shape();
-    if axis >= size.len() || start < 0 || len < 0 || start + len > size[axis] {
-        return Err(super::MlxError(format!("slice [{start}, {}) of axis {axis} of {size:?}", start + len)));
-    }
-    size[axis] = len;
-    let size = dims(&size)?;
-    let at = Array::from_slice(&[start as i32], &[1])?;
-    let axes = [axis as c_int];
-    let mut out = Array::empty();
-    // SAFETY: valid handles; `axes` and `size` outlive the call.
-    check(unsafe {
-        mlx_sys::mlx_slice_dynamic(&mut out.0, a.0, at.0, axes.as_ptr(), 1, size.as_ptr(), size.len(), s.0)
-    })?;
-    Ok(out)
 }
 
 /// The number of elements of `a` over `axes` (the product of those dimensions), as a scalar

@@ -229,7 +229,7 @@ fn a_graph_is_counted_by_its_primitives() {
 }
 
 /// A fixed slice in a shapeless closure: a plain slice is refused on replay (MLX cannot
-/// re-derive its shape), the dynamic one of `slice_fixed` replays while another input grows.
+/// re-derive its shape), the gather of `take_range` replays while another input grows.
 #[test]
 fn a_fixed_slice_replays_in_a_shapeless_closure() {
     let _g = lock();
@@ -238,7 +238,7 @@ fn a_fixed_slice_replays_in_a_shapeless_closure() {
         let closure = Closure::new(move |args: &[Array]| {
             let s = Stream::cpu()?;
             let part = if fixed {
-                ops::slice_fixed(&args[0], 1, 2, 1, &s)?
+                ops::take_range(&args[0], 1, 2, 1, &s)?
             } else {
                 ops::slice(&args[0], &[0, 1], &[2, 3], &s)?
             };
@@ -258,8 +258,8 @@ fn a_fixed_slice_replays_in_a_shapeless_closure() {
     assert_eq!(out[0].shape(), vec![2, 2]);
     assert_eq!(out[0].to_vec::<f32>(&s).unwrap(), vec![1.0, 2.0, 5.0, 6.0]);
     assert_eq!(out[1].to_vec::<f32>(&s).unwrap(), vec![5.0]);
-    let err = ops::slice_fixed(&Array::from_slice(&[1.0f32; 4], &[4]).unwrap(), 3, 2, 0, &s).unwrap_err();
-    assert!(err.0.contains("slice [3, 5)"), "{err}");
+    let err = ops::take_range(&Array::from_slice(&[1.0f32; 4], &[4]).unwrap(), 3, 2, 0, &s).unwrap_err();
+    assert!(err.0.contains("entries [3, 5)"), "{err}");
 }
 
 /// `unfused` ends a fused chain (MLX's compiler fuses the two exponentials without it, not
