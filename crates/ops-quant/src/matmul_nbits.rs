@@ -91,20 +91,34 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     Ok(())
 }
 
+/// `a`'s values as float32: from its host bytes where it has them (a constant's: no device
+/// round trip, which on a GPU cost about a millisecond per weight while a session is built),
+/// else converted and read on the host's CPU stream.
+fn host_f32(a: &Array) -> Result<Vec<f32>> {
+    if let Some(v) = a.host_f32() {
+        return Ok(v);
+    }
+    let cpu = Stream::cpu()?;
+    Ok(ops::astype(a, Dtype::F32, &cpu)?.to_vec::<f32>(&cpu)?)
+}
+
 /// The zero point of each (row, block), `[N, k_blocks]`, as f32.
-fn zero_points(p: &Params, zp: Option<&Array>, s: &Stream) -> Result<Vec<f32>> {
+fn zero_points(p: &Params, zp: Option<&Array>) -> Result<Vec<f32>> {
     let (n, kb) = (p.n as usize, p.k_blocks() as usize);
     let Some(zp) = zp else {
         return Ok(vec![(1u32 << (p.bits - 1)) as f32; n * kb]);
     };
     if zp.dtype() != Dtype::U8 {
-        let v = ops::astype(zp, Dtype::F32, s)?.to_vec::<f32>(s)?;
+        let v = host_f32(zp)?;
         if v.len() != n * kb {
             bail!("zero_points has {} values; expected {}", v.len(), n * kb);
         }
         return Ok(v);
     }
-    let bytes = zp.to_vec::<u8>(s)?;
+    let bytes = match zp.host_bytes() {
+        Some(b) => b.to_vec(),
+        None => zp.to_vec::<u8>(&Stream::cpu()?)?,
+    };
     let per_row = (kb * p.bits as usize).div_ceil(8);
     if bytes.len() != n * per_row {
         bail!("packed zero_points has {} bytes; expected {}", bytes.len(), n * per_row);
@@ -125,12 +139,12 @@ fn repack(p: &Params, args: &[&Array], dtype: Dtype, s: &Stream) -> Result<Vec<A
     let bytes = b.host_bytes().ok_or_else(|| Error::new("B is not readable on the host"))?;
     let words = p.k_blocks() * p.blob() / 4;
     let q = Array::from_bytes(bytes, &[p.n, words], Dtype::U32)?;
-    let scale_f32 = ops::astype(scales, Dtype::F32, s)?.to_vec::<f32>(s)?;
+    let scale_f32 = host_f32(scales)?;
     let count = (p.n * p.k_blocks()) as usize;
     if scale_f32.len() != count {
         bail!("scales has {} values; expected {count}", scale_f32.len());
     }
-    let zp = zero_points(p, args.get(2).copied(), s)?;
+    let zp = zero_points(p, args.get(2).copied())?;
     let biases: Vec<f32> = scale_f32.iter().zip(&zp).map(|(s, z)| -s * z).collect();
     let shape = [p.n, p.k_blocks()];
     let scales = ops::astype(&ops::reshape(scales, &shape, s)?, dtype, s)?;
@@ -141,8 +155,8 @@ fn repack(p: &Params, args: &[&Array], dtype: Dtype, s: &Stream) -> Result<Vec<A
 /// The dequantized weight `[N, Kp]` in A's type, computed as ORT does: `(q - zp) * scale`.
 fn dequantize(p: &Params, args: &[&Array], dtype: Dtype, s: &Stream) -> Result<Vec<Array>> {
     let bytes = args[0].host_bytes().ok_or_else(|| Error::new("B is not readable on the host"))?;
-    let scales = ops::astype(args[1], Dtype::F32, s)?.to_vec::<f32>(s)?;
-    let zp = zero_points(p, args.get(2).copied(), s)?;
+    let scales = host_f32(args[1])?;
+    let zp = zero_points(p, args.get(2).copied())?;
     let (kb, kp) = (p.k_blocks() as usize, (p.k_blocks() * p.block) as usize);
     let count = p.n as usize * kp;
     let q = if p.bits == 8 { bytes[..count].to_vec() } else { ep_core::graph::unpack_4bit(bytes, count, false) };
@@ -160,14 +174,20 @@ fn dequantize(p: &Params, args: &[&Array], dtype: Dtype, s: &Stream) -> Result<V
 /// Whether `-scale * zero_point` is exact in `dtype` for every block: then MLX's affine form
 /// in that half type is the same weight as in float32, and MLX's kernels (which accumulate
 /// in float32) compute the product without widening A.
-fn biases_exact(p: &Params, args: &[&Array], dtype: Dtype, s: &Stream) -> Result<Vec<Array>> {
-    let scales = ops::astype(args[1], Dtype::F32, s)?.to_vec::<f32>(s)?;
-    let zp = zero_points(p, args.get(2).copied(), s)?;
+fn biases_exact(p: &Params, args: &[&Array], dtype: Dtype) -> Result<Vec<Array>> {
+    let scales = host_f32(args[1])?;
+    let zp = zero_points(p, args.get(2).copied())?;
     let biases: Vec<f32> = scales.iter().zip(&zp).map(|(s, z)| -s * z).collect();
-    let back =
-        ops::astype(&ops::astype(&Array::from_slice(&biases, &[biases.len() as i64])?, dtype, s)?, Dtype::F32, s)?
-            .to_vec::<f32>(s)?;
-    let exact = scales.len() == zp.len() && back.iter().zip(&biases).all(|(a, b)| a.to_bits() == b.to_bits());
+    // Rounded to the half type and back on the host (to nearest, ties to even, as MLX's
+    // conversion).
+    let exact = scales.len() == zp.len()
+        && biases.iter().all(|&b| {
+            let back = match dtype {
+                Dtype::BF16 => half::bf16::from_f32(b).to_f32(),
+                _ => half::f16::from_f32(b).to_f32(),
+            };
+            back.to_bits() == b.to_bits()
+        });
     Ok(vec![Array::from_slice(&[exact as u8], &[1])?])
 }
 
@@ -195,7 +215,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     // up to half a unit of 12.)
     let half = matches!(dtype, Dtype::F16 | Dtype::BF16) && gpu && affine && ctx.optional_input(5).is_none() && {
         let tag = format!("MatMulNBits exact bias bits={} block={} {dtype:?}", p.bits, p.block);
-        let flag = ctx.derived_many(&weights, &tag, |args, s| biases_exact(&p, args, dtype, s))?;
+        let flag = ctx.derived_many(&weights, &tag, |args, _| biases_exact(&p, args, dtype))?;
         flag[0].host_bytes().is_some_and(|b| b == [1])
     };
     let compute = if half { dtype } else { Dtype::F32 };

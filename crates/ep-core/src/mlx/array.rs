@@ -189,6 +189,21 @@ impl Array {
         }
     }
 
+    /// The values as float32, read from [`Self::host_bytes`] with no evaluation and no device
+    /// round trip (a constant's scales or zero points while a lowering builds): float32,
+    /// float16, bfloat16 and 8-bit integers; `None` for another type or data not on the host.
+    pub fn host_f32(&self) -> Option<Vec<f32>> {
+        let b = self.host_bytes()?;
+        Some(match self.dtype() {
+            Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            Dtype::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            Dtype::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            Dtype::U8 => b.iter().map(|&v| f32::from(v)).collect(),
+            Dtype::I8 => b.iter().map(|&v| f32::from(v as i8)).collect(),
+            _ => return None,
+        })
+    }
+
     /// Copies the array into a new vector of `T` (which must match the dtype).
     pub fn to_vec<T: Element>(&self, stream: &Stream) -> Result<Vec<T>> {
         if self.dtype() != T::DTYPE {

@@ -297,3 +297,23 @@ fn unfused_ends_a_fused_chain_and_replays_shapeless() {
         assert_eq!(values, want, "shapeless={shapeless}");
     }
 }
+
+/// `host_f32` reads a host array's values in each type it knows, exactly as MLX converts
+/// them, and declines a type it does not.
+#[test]
+fn host_f32_reads_host_values_as_mlx_converts_them() {
+    let _g = lock();
+    let s = cpu();
+    let values = [0.1f32, -2.5, 65504.0, 1e-8, 3.0];
+    let x = Array::from_slice(&values, &[5]).unwrap();
+    for dtype in [Dtype::F32, Dtype::F16, Dtype::BF16, Dtype::U8, Dtype::I8] {
+        let a = ops::astype(&x, dtype, &s).unwrap();
+        let mut bytes = vec![0u8; 5 * dtype.size_in_bytes()];
+        a.copy_to(&mut bytes, &s).unwrap();
+        let a = Array::from_bytes(&bytes, &[5], dtype).unwrap();
+        let want = ops::astype(&a, Dtype::F32, &s).unwrap().to_vec::<f32>(&s).unwrap();
+        assert_eq!(a.host_f32().unwrap(), want, "{dtype:?}");
+    }
+    let ints = Array::from_slice(&[1i32, 2], &[2]).unwrap();
+    assert!(ints.host_f32().is_none());
+}
