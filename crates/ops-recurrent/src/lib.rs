@@ -1,10 +1,12 @@
-//! Recurrent lowerings: RNN, GRU, LSTM and `com.microsoft` DynamicQuantizeLSTM, every direction, activation, `clip`,
-//! `sequence_lens`, initial states, peepholes and both layouts.
+//! Recurrent lowerings: RNN, GRU, LSTM and `com.microsoft` DynamicQuantizeLSTM, every
+//! direction, activation, `clip`, `sequence_lens`, initial states, peepholes and both layouts.
 //!
 //! Each node becomes one piece of the partition's graph: the input projection of every time
 //! step is one matrix product over the whole sequence, then the time loop is unrolled, one
 //! recurrent matrix product and a few fused elementwise operations per step
-//! ([`sequence::run`]). The weights' transposes are derived constants, made once per session.
+//! ([`sequence::run`]; DynamicQuantizeLSTM's products are exact integer ones of operands
+//! quantized as ORT quantizes them). The weights' transposes are derived constants, made once
+//! per session.
 //!
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`] and end it with

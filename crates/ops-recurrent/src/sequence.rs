@@ -1,5 +1,6 @@
-//! What RNN, GRU and LSTM share: their attributes, the checks of their inputs' shapes, and the
-//! time loop over one or both directions with `sequence_lens` and both layouts.
+//! What RNN, GRU and LSTM (and DynamicQuantizeLSTM) share: their attributes, the checks of
+//! their inputs' shapes, and the time loop over one or both directions with `sequence_lens`
+//! and both layouts.
 
 use crate::activation::{self, Activation};
 use ep_core::graph::AttrValue;
