@@ -8,6 +8,18 @@ fn f32(a: &Array, s: &Stream) -> Result<Array> {
     Ok(ops::astype(a, Dtype::F32, s)?)
 }
 
+/// `a`'s values as float32 on the host, for a lowering that reads a constant's scales or zero
+/// points while it builds: from its host bytes where it has them ([`Array::host_f32`]: no
+/// device round trip, which on a GPU cost about a millisecond per weight), else converted and
+/// read on the CPU stream.
+pub fn host_f32(a: &Array) -> Result<Vec<f32>> {
+    if let Some(v) = a.host_f32() {
+        return Ok(v);
+    }
+    let cpu = Stream::cpu()?;
+    Ok(ops::astype(a, Dtype::F32, &cpu)?.to_vec::<f32>(&cpu)?)
+}
+
 /// `x` (float32) quantized to uint8 as ORT's CPU EP quantizes an operand dynamically
 /// (DynamicQuantizeLinear, the dynamic integer products, DynamicQuantizeLSTM): scale `(max(0,
 /// max x) - min(0, min x)) / 255` (1 when that range is 0), zero point `saturate(round(-min /

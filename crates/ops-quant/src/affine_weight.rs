@@ -18,6 +18,7 @@
 use ep_core::graph::ElemType;
 use ep_core::lowering::AffineWeight;
 use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::quant::host_f32;
 use ep_core::{LowerCtx, NodeInfo, Result, bail};
 
 /// Group sizes MLX's quantized kernels support, largest first.
@@ -126,15 +127,17 @@ fn publish_form(
     } else {
         let tag =
             format!("QDQ affine exact bias bits={} group={} transposed={} {out:?}", f.bits, f.group, f.transposed);
-        let flag = ctx.derived_many(&weights, &tag, |args, s| {
-            let (_, biases) = scales_and_biases(&f, args, s)?;
-            let back = ops::astype(
-                &ops::astype(&Array::from_slice(&biases, &[biases.len() as i64])?, out, s)?,
-                Dtype::F32,
-                s,
-            )?
-            .to_vec::<f32>(s)?;
-            let exact = back.iter().zip(&biases).all(|(a, b)| a.to_bits() == b.to_bits());
+        let flag = ctx.derived_many(&weights, &tag, |args, _| {
+            let (_, biases) = scales_and_biases(&f, args)?;
+            // Rounded to the half type and back on the host (to nearest, ties to even, as
+            // MLX's conversion).
+            let exact = biases.iter().all(|&b| {
+                let back = match out {
+                    Dtype::BF16 => half::bf16::from_f32(b).to_f32(),
+                    _ => half::f16::from_f32(b).to_f32(),
+                };
+                back.to_bits() == b.to_bits()
+            });
             Ok(vec![Array::from_slice(&[u8::from(exact)], &[1])?])
         })?;
         if flag[0].host_bytes().is_some_and(|b| b == [1]) { out } else { Dtype::F32 }
@@ -158,10 +161,10 @@ fn publish_form(
 }
 
 /// Per (column, group) the scale and the bias, `[N, K / group]` row-major, in float32.
-fn scales_and_biases(f: &Form, args: &[&Array], s: &Stream) -> Result<(Vec<f32>, Vec<f32>)> {
-    let scale = ops::astype(args[1], Dtype::F32, s)?.to_vec::<f32>(s)?;
+fn scales_and_biases(f: &Form, args: &[&Array]) -> Result<(Vec<f32>, Vec<f32>)> {
+    let scale = host_f32(args[1])?;
     let zp = match args.get(2) {
-        Some(z) => ops::astype(z, Dtype::F32, s)?.to_vec::<f32>(s)?,
+        Some(z) => host_f32(z)?,
         None => vec![0.0; scale.len()],
     };
     if zp.len() != scale.len() {
@@ -213,7 +216,7 @@ fn repack(f: &Form, args: &[&Array], compute: Dtype, s: &Stream) -> Result<Vec<A
             packed[nn * words + kk / per_word] |= u << ((kk % per_word) * bits);
         }
     }
-    let (scales, biases) = scales_and_biases(f, args, s)?;
+    let (scales, biases) = scales_and_biases(f, args)?;
     let shape = [f.n, f.k / f.group];
     Ok(vec![
         Array::from_slice(&packed, &[f.n, words as i64])?,

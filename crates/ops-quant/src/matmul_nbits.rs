@@ -18,6 +18,7 @@
 use ep_core::graph::ElemType;
 use ep_core::lowering::{FLOATS, FnLowering, require_constant, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::quant::host_f32;
 use ep_core::{CompileSafety, Decline, Error, LowerCtx, NodeInfo, Result, bail};
 
 /// Group sizes MLX's quantized kernels support.
@@ -89,17 +90,6 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
         return Err(Decline(format!("B has shape {shape:?}; expected [{}, {}, {}]", p.n, p.k_blocks(), p.blob())));
     }
     Ok(())
-}
-
-/// `a`'s values as float32: from its host bytes where it has them (a constant's: no device
-/// round trip, which on a GPU cost about a millisecond per weight while a session is built),
-/// else converted and read on the host's CPU stream.
-fn host_f32(a: &Array) -> Result<Vec<f32>> {
-    if let Some(v) = a.host_f32() {
-        return Ok(v);
-    }
-    let cpu = Stream::cpu()?;
-    Ok(ops::astype(a, Dtype::F32, &cpu)?.to_vec::<f32>(&cpu)?)
 }
 
 /// The zero point of each (row, block), `[N, k_blocks]`, as f32.
