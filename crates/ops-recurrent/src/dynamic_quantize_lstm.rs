@@ -66,16 +66,6 @@ pub(crate) struct StepProduct<'a> {
     live: Option<&'a Array>,
 }
 
-/// Row `d` of a `[dirs, ...]` array.
-fn of_direction(a: &Array, d: i64, s: &Stream) -> Result<Array> {
-    let shape = a.shape();
-    let mut start = vec![0; shape.len()];
-    let mut stop = shape.clone();
-    start[0] = d;
-    stop[0] = d + 1;
-    Ok(ops::reshape(&ops::slice(a, &start, &stop, s)?, &shape[1..], s)?)
-}
-
 /// `(q - q_zp) @ b` (exact) as float32, scaled by `a_scale * b_scale` (that product first,
 /// then the multiplication: ORT's order).
 fn scaled_product(
@@ -130,9 +120,11 @@ impl Weights {
                     let rule = if p.dtype() == Dtype::I8 { "all zero for int8 weights" } else { "all equal for uint8" };
                     ctx.check(&same, format!("{what} must be {rule}"))?;
                 }
-                let first =
-                    ops::slice(&p, &vec![0; shape.len()], &[&[dirs][..], &vec![1; shape.len() - 1]].concat(), s)?;
-                params.push(ops::reshape(&first, &[dirs], s)?);
+                // Each direction's first zero point (the one ORT reads).
+                params.push(match shape.len() {
+                    1 => p,
+                    _ => ops::reshape(&ops::slice(&p, &[0, 0], &[dirs, 1], s)?, &[dirs], s)?,
+                });
             } else {
                 let p = ops::astype(&p, Dtype::F32, s)?;
                 params.push(if shape.len() == 1 { ops::reshape(&p, &[dirs, 1], s)? } else { p });
@@ -160,17 +152,17 @@ impl Weights {
 
     /// Direction `d`'s input product of every step, `[T, B, G * H]`.
     pub(crate) fn input_product(&self, x: &QuantizedInput, d: i64, s: &Stream) -> Result<Array> {
-        let w = of_direction(&self.w, d, s)?;
-        let (zp, scale) = (of_direction(&self.w_zp, d, s)?, of_direction(&self.w_scale, d, s)?);
+        let w = sequence::direction(&self.w, d, s)?;
+        let (zp, scale) = (sequence::direction(&self.w_zp, d, s)?, sequence::direction(&self.w_scale, d, s)?);
         let y = scaled_product(&x.q, &x.scale, &x.zp, &w, &zp, &scale, s)?;
         Ok(ops::reshape(&y, &[x.steps, x.batch, w.shape()[1]], s)?)
     }
 
     pub(crate) fn recurrent(&self, d: i64, s: &Stream) -> Result<Recurrent> {
         Ok(Recurrent {
-            r: of_direction(&self.r, d, s)?,
-            zp: of_direction(&self.r_zp, d, s)?,
-            scale: of_direction(&self.r_scale, d, s)?,
+            r: sequence::direction(&self.r, d, s)?,
+            zp: sequence::direction(&self.r_zp, d, s)?,
+            scale: sequence::direction(&self.r_scale, d, s)?,
         })
     }
 }

@@ -355,7 +355,7 @@ fn reversal_within(lens: &Array, t: i64, b: i64, s: &Stream) -> Result<Array> {
 }
 
 /// One direction's slice `d` of a `[dirs, ...]` array, without the leading axis.
-fn direction(a: &Array, d: i64, s: &Stream) -> Result<Array> {
+pub(crate) fn direction(a: &Array, d: i64, s: &Stream) -> Result<Array> {
     let shape = a.shape();
     let mut start = vec![0; shape.len()];
     let mut stop = shape.clone();
