@@ -6,7 +6,10 @@ Below them, the named spans inside a run (category "step": the split decode step
 the compiled closure's application, the rows read back, copy-out's moves to the host and its
 copies), each part of a phase or of "replay+other".
 
-usage: python3 gpu/trace_summary.py TRACE.json [--skip N] [--runs A:B]
+With --first N it prints instead where the first N partition runs' time went (the one-time
+work of a session's first runs: every phase summed, and the nodes built, by op).
+
+usage: python3 gpu/trace_summary.py TRACE.json [--skip N] [--runs A:B] [--first N]
 (--runs: only the partition runs A to B-1 in time order, python slice bounds)"""
 import json
 import statistics
@@ -23,6 +26,9 @@ def main():
         a, b = (int(x) if x else None for x in sys.argv[sys.argv.index("--runs") + 1].split(":"))
         runs, skip = runs[a:b], 0
     phases = [e for e in events if e.get("cat") == "phase"]
+    if "--first" in sys.argv:
+        first(path, runs[: int(sys.argv[sys.argv.index("--first") + 1])], events)
+        return
     steps = [e for e in events if e.get("cat") == "step"]
     rows, parts = [], []
     for r in runs[skip:]:
@@ -51,6 +57,22 @@ def main():
     if gaps:
         g = [x / 1000 for x in gaps]
         print(f"  {'between runs':14s} median {statistics.median(g):8.3f} ms  min {min(g):8.3f}  max {max(g):8.3f}")
+
+
+def first(path, runs, events):
+    """Totals of every span inside the given runs, by category and name (ms)."""
+    print(f"{path}: the first {len(runs)} partition runs, {sum(r['dur'] for r in runs) / 1000:.1f} ms")
+    totals = {}
+    for e in events:
+        if e.get("cat") == "partition" or "dur" not in e:
+            continue
+        if any(r["ts"] <= e["ts"] <= r["ts"] + r["dur"] for r in runs):
+            node = e.get("cat") == "node"
+            key = (e.get("cat", ""), (e.get("args") or {}).get("op", "?") if node else e["name"])
+            n, t = totals.get(key, (0, 0.0))
+            totals[key] = (n + 1, t + e["dur"])
+    for (cat, name), (n, t) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:25]:
+        print(f"  {cat:9s} {name:28s} {n:5d} spans {t / 1000:9.1f} ms")
 
 
 if __name__ == "__main__":
