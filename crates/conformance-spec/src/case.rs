@@ -181,6 +181,12 @@ pub struct Case {
     /// ORT cannot fold shape computations and the EP sees unknown dims.
     #[serde(default)]
     pub symbolic: Option<bool>,
+    /// For an op ORT's CPU EP has no kernel for (ops ORT runs on CUDA only): ops it does run
+    /// (default domain, the case's `ai.onnx` import) computing the same outputs from the same
+    /// inputs and constants, written from the op's specification. The CPU EP runs these in
+    /// place of [`Case::nodes`]; empty, it runs the nodes themselves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reference: Vec<NodeSpec>,
 }
 
 impl Case {
@@ -211,6 +217,7 @@ impl Case {
             outputs: Vec::new(),
             seed: 0,
             symbolic: None,
+            reference: Vec::new(),
         }
     }
 
@@ -275,6 +282,28 @@ impl Case {
 
     pub fn attr_str(self, name: &str, v: &str) -> Case {
         self.attr(name, Attr::Str(v.to_owned()))
+    }
+
+    /// Appends a node of the reference graph (see [`Case::reference`]): `op` of the default
+    /// domain reading and writing the named values (`""` an absent input); intermediate names
+    /// are the reference's own.
+    pub fn reference(mut self, op: &str, inputs: &[&str], outputs: &[&str], attributes: Vec<(&str, Attr)>) -> Case {
+        let name = format!("reference_{}_{op}", self.reference.len());
+        self.reference.push(NodeSpec {
+            domain: String::new(),
+            op: op.to_owned(),
+            name,
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            outputs: outputs.iter().map(|s| s.to_string()).collect(),
+            attributes: attributes.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        });
+        self
+    }
+
+    /// Adds a constant the reference graph reads (not an input of the node under test).
+    pub fn reference_constant(mut self, name: &str, dtype: DType, shape: &[i64], values: Values) -> Case {
+        self.constants.push(TensorSpec { name: name.to_owned(), dtype, shape: shape.to_vec(), values });
+        self
     }
 
     /// Forces symbolic dims on (or off).

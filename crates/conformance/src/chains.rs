@@ -59,6 +59,7 @@ pub fn strategy() -> BoxedStrategy<Case> {
                 outputs,
                 seed,
                 symbolic: None,
+                reference: Vec::new(),
             }
         })
         .boxed()
@@ -107,6 +108,7 @@ pub fn dynamic_quant_matmul() -> BoxedStrategy<Case> {
                 outputs: vec![("y".to_owned(), DType::F32, y_shape)],
                 seed,
                 symbolic: None,
+                reference: Vec::new(),
             }
         })
         .boxed()
@@ -138,6 +140,7 @@ pub fn exact_scalar_constant() -> BoxedStrategy<Case> {
                 outputs: vec![("y".to_owned(), out_type, vec![n as i64])],
                 seed,
                 symbolic: None,
+                reference: Vec::new(),
             }
         })
         .boxed()

@@ -76,7 +76,7 @@ pub fn check(case: &Case) -> Outcome {
         Ok(v) => v,
         Err(e) => return Outcome::Invalid(format!("input values: {e}")),
     };
-    let expected = match model::build(case)
+    let expected = match model::build_reference(case)
         .and_then(|m| Ok(m.into_session(&builder_for(Ep::Cpu)?)?))
         .and_then(|mut s| values::run(&mut s, &inputs))
     {

@@ -1,6 +1,6 @@
 //! A [`Case`] as an ONNX model (ORT's Model Editor API) and its input values.
 
-use conformance_spec::{Attr, Case, DType, TensorSpec, Values};
+use conformance_spec::{Attr, Case, DType, NodeSpec, TensorSpec, Values};
 use mlx_ep_host::Result;
 use mlx_ep_host::models::tensor_type;
 use mlx_ep_host::ort::editor::{Graph, Model, Node, Opset};
@@ -29,6 +29,16 @@ pub fn elem_type(d: DType) -> TensorElementType {
 
 /// The case's graph as a model.
 pub fn build(case: &Case) -> Result<Model> {
+    build_with(case, &case.nodes)
+}
+
+/// The graph ORT's CPU EP runs for the case: its reference graph where it has one (an op the
+/// CPU EP has no kernel for), else the case's own.
+pub fn build_reference(case: &Case) -> Result<Model> {
+    build_with(case, if case.reference.is_empty() { &case.nodes } else { &case.reference })
+}
+
+fn build_with(case: &Case, nodes: &[NodeSpec]) -> Result<Model> {
     let mut graph = Graph::new()?;
     let symbolic = case.is_symbolic();
     let declare = |name: &str, d: DType, shape: &[i64]| {
@@ -49,7 +59,7 @@ pub fn build(case: &Case) -> Result<Model> {
         let data = tensor_values(c, case.seed, 1000 + i as u64);
         graph.add_initializer(&c.name, values::ort_tensor_from_f64(elem_type(c.dtype), &c.shape, &data)?, false)?;
     }
-    for n in &case.nodes {
+    for n in nodes {
         let attrs = n.attributes.iter().map(|(k, v)| attribute(k, v)).collect::<Result<Vec<_>>>()?;
         graph.add_node(Node::new(&n.op, &n.domain, &n.name, &n.inputs, &n.outputs, attrs)?)?;
     }

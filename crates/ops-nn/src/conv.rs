@@ -104,13 +104,29 @@ fn to_channels_last(r: usize) -> Vec<i32> {
 }
 
 pub(crate) fn lower_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let s = ctx.stream();
-    let x = ctx.input(0)?;
+    let last = || {
+        ctx.derived(1, "conv-weight-channels-last", |w, s| Ok(ops::transpose_axes(w, &to_channels_last(w.ndim()), s)?))
+    };
+    let (x, w, bias) = (ctx.input(0)?, ctx.input(1)?, ctx.optional_input(2));
+    Ok(vec![convolve(node, x, w, &last, bias, ctx.stream())?])
+}
+
+/// The convolution of `x` (channels first) by `w` (`[M, C / group, *kernel]`), `weight_last`
+/// giving the same weight channels-last (`[M, *kernel, C / group]`, MLX's layout), plus the
+/// bias; channels first out.
+fn convolve(
+    node: &NodeInfo,
+    x: &Array,
+    w: &Array,
+    weight_last: &dyn Fn() -> Result<Array>,
+    bias: Option<&Array>,
+    s: &ep_core::mlx::Stream,
+) -> Result<Array> {
     let xs = x.shape();
     let r = xs.len();
-    let ws = ctx.input(1)?.shape();
+    let ws = w.shape();
     let groups = node.attr_int("group", 1)?;
-    if groups < 1 || xs[1] != ws[1] * groups || ws[0] % groups != 0 {
+    if groups < 1 || r != ws.len() || xs[1] != ws[1] * groups || ws[0] % groups != 0 {
         bail!("input {xs:?} and weight {ws:?} do not fit group {groups}");
     }
     let kernel = ws[2..].to_vec();
@@ -119,44 +135,43 @@ pub(crate) fn lower_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<
     {
         bail!("kernel_shape {k:?} differs from the weight's {kernel:?}");
     }
-    let w = Window::of(node, &xs[2..], kernel.clone(), false)?;
-    check_bias(ctx.optional_input(2), ws[0])?;
-    if let Some(shape) = empty_conv(&xs, &ws, &w)? {
+    let win = Window::of(node, &xs[2..], kernel.clone(), false)?;
+    check_bias(bias, ws[0])?;
+    if let Some(shape) = empty_conv(&xs, &ws, &win)? {
         let zeros = ops::full(&shape, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?;
-        return Ok(vec![match ctx.optional_input(2) {
+        return Ok(match bias {
             Some(b) => {
                 let mut bshape = vec![1, ws[0]];
                 bshape.resize(shape.len(), 1);
                 ops::add(&zeros, &ops::reshape(&ops::astype(b, x.dtype(), s)?, &bshape, s)?, s)?
             }
             None => zeros,
-        }]);
+        });
     }
     let (cpg, mpg) = (xs[1] / groups, ws[0] / groups);
     if groups > 1 && cpg == 1 && mpg == 1 {
         // Depthwise: every channel's windows times its own kernel (MLX 0.32.2's grouped CPU
         // convolution wrote past its output for kernels wider than a padded input).
-        let win = windows(x, &w, 0.0, s)?;
+        let windowed = windows(x, &win, 0.0, s)?;
         let k = r - 2;
         let mut wshape = vec![1i64, xs[1]];
         for &kk in &kernel {
             wshape.extend([1, kk]);
         }
-        let kern = ops::reshape(ctx.input(1)?, &wshape, s)?;
+        let kern = ops::reshape(w, &wshape, s)?;
         let axes: Vec<i32> = (0..k as i32).map(|i| 3 + 2 * i).collect();
-        let y = ops::sum_axes(&ops::multiply(&win, &kern, s)?, &axes, false, s)?;
-        return Ok(vec![match ctx.optional_input(2) {
+        let y = ops::sum_axes(&ops::multiply(&windowed, &kern, s)?, &axes, false, s)?;
+        return Ok(match bias {
             Some(b) => add_bias(&y, b, s)?,
             None => y,
-        }]);
+        });
     }
     let perm = to_channels_last(r);
-    let weight = ctx
-        .derived(1, "conv-weight-channels-last", |w, s| Ok(ops::transpose_axes(w, &to_channels_last(w.ndim()), s)?))?;
+    let weight = weight_last()?;
     let input = ops::transpose_axes(x, &perm, s)?;
     let ones = vec![1; r - 2];
     let conv = |x: &Array, k: &Array| {
-        ops::conv_general(x, k, &w.strides, &w.pad_lo, &w.pad_hi, &w.dilations, &ones, 1, false, s)
+        ops::conv_general(x, k, &win.strides, &win.pad_lo, &win.pad_hi, &win.dilations, &ones, 1, false, s)
     };
     let y = if groups > 1 {
         // One convolution per group, concatenated along the channels (MLX 0.32.2's grouped CPU
@@ -172,7 +187,7 @@ pub(crate) fn lower_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<
     } else {
         conv(&input, &weight)?
     };
-    Ok(vec![finish(&y, r, ctx.optional_input(2), s)?])
+    finish(&y, r, bias, s)
 }
 
 ep_core::register_lowering!(
@@ -182,6 +197,40 @@ ep_core::register_lowering!(
         opsets: 1..=i32::MAX,
         claim: claim_conv_forward,
         lower: lower_conv,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
+/// `com.microsoft` NhwcConv (ORT runs it on CUDA only): Conv's attributes over channels-last
+/// input `[N, *spatial, C]` and weight `[M, *kernel, C / group]` (MLX's own layouts), output
+/// `[N, *spatial, M]`.
+fn lower_nhwc_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let (x, w, s) = (ctx.input(0)?, ctx.input(1)?, ctx.stream());
+    let r = x.ndim() as i32;
+    if w.ndim() as i32 != r {
+        bail!("input {:?} and weight {:?} differ in rank", x.shape(), w.shape());
+    }
+    let first: Vec<i32> = [0, r - 1].into_iter().chain(1..r - 1).collect();
+    let last = || Ok(w.clone());
+    let y = convolve(
+        node,
+        &ops::transpose_axes(x, &first, s)?,
+        &ops::transpose_axes(w, &first, s)?,
+        &last,
+        ctx.optional_input(2),
+        s,
+    )?;
+    Ok(vec![ops::transpose_axes(&y, &to_channels_last(r as usize), s)?])
+}
+
+ep_core::register_lowering!(
+    NHWC_CONV = FnLowering {
+        domain: "com.microsoft",
+        op: "NhwcConv",
+        opsets: 1..=i32::MAX,
+        claim: claim_conv_forward,
+        lower: lower_nhwc_conv,
         safety: CompileSafety::ShapeKeyed,
         growth: None,
     }
@@ -424,7 +473,7 @@ ep_core::register_lowering!(
 #[cfg(feature = "conformance")]
 mod spec {
     use conformance_spec::strategy::*;
-    use conformance_spec::{Case, DType, Values, register_spec};
+    use conformance_spec::{Attr, Case, DType, Values, register_spec};
 
     register_spec!(super::CONV_TRANSPOSE, || transpose_case(false));
     register_spec!(super::CONV_TRANSPOSE_WITH_DYNAMIC_PADS, || transpose_case(true));
@@ -477,6 +526,38 @@ mod spec {
     // Depthwise convolutions (one channel per group), kernels wider than the padded input
     // included: the form MobileNet-style networks use.
     register_spec!(super::CONV, || { prop_oneof![3 => grouped_conv(), 1 => depthwise_conv()].boxed() });
+
+    // ORT's CPU EP has no NhwcConv kernel: a Conv case laid out channels-last, its reference
+    // the Conv itself between transposes.
+    register_spec!(super::NHWC_CONV, || {
+        prop_oneof![3 => grouped_conv(), 1 => depthwise_conv()].prop_map(|conv| nhwc_of(&conv)).boxed()
+    });
+
+    fn nhwc_of(conv: &Case) -> Case {
+        let r = conv.inputs[0].shape.len();
+        let last = |d: &[i64]| -> Vec<i64> { [&d[..1], &d[2..], &d[1..2]].concat() };
+        let to_first: Vec<i64> = [0, r as i64 - 1].into_iter().chain(1..r as i64 - 1).collect();
+        let to_last: Vec<i64> = [0].into_iter().chain(2..r as i64).chain([1]).collect();
+        let node = &conv.nodes[0];
+        let mut case = Case::domain_op("com.microsoft", "NhwcConv", 1);
+        for t in &conv.inputs {
+            let shape = if t.shape.len() == r { last(&t.shape) } else { t.shape.clone() };
+            case = case.input_with(&t.name, t.dtype, &shape, t.values.clone());
+        }
+        for (name, value) in &node.attributes {
+            case = case.attr(name, value.clone());
+        }
+        let (y, t, out) = &conv.outputs[0];
+        let perm = |p: &[i64]| vec![("perm", Attr::Ints(p.to_vec()))];
+        let conv_inputs: Vec<&str> = ["x_first", "w_first", "b"][..node.inputs.len()].to_vec();
+        let attributes: Vec<(&str, Attr)> = node.attributes.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        case.output(y, *t, &last(out))
+            .with_seed(conv.seed)
+            .reference("Transpose", &["x"], &["x_first"], perm(&to_first))
+            .reference("Transpose", &["w"], &["w_first"], perm(&to_first))
+            .reference("Conv", &conv_inputs, &["y_first"], attributes)
+            .reference("Transpose", &["y_first"], &[y.as_str()], perm(&to_last))
+    }
 
     fn depthwise_conv() -> BoxedStrategy<Case> {
         (

@@ -16,6 +16,7 @@ mod conv;
 mod conv_integer;
 mod crop_and_resize;
 mod deform_conv;
+mod diffusion;
 mod dropout;
 mod einsum;
 mod embed_layer_norm;

@@ -1,9 +1,11 @@
 //! Softmax, LogSoftmax and Hardmax. Opset 13 on: along one axis (default -1). Opsets 1 to 12: the
 //! input is viewed as a 2-D matrix split at `axis` (default 1) and each row is normalised.
+//! `com.microsoft` BiasSoftmax (ORT runs it on CUDA only): `softmax(x + bias)` over the
+//! dimensions from `axis` on, flattened, in float32 for float16.
 
-use ep_core::lowering::{FLOATS, require_inputs, require_types};
+use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs, require_types};
 use ep_core::mlx::{Array, Dtype, ops};
-use ep_core::{CompileSafety, Decline, Error, LowerCtx, Lowering, NodeInfo, Result};
+use ep_core::{CompileSafety, Decline, ElemType, Error, LowerCtx, Lowering, NodeInfo, Result, bail};
 use std::ops::RangeInclusive;
 
 #[derive(Clone, Copy, PartialEq)]
@@ -152,10 +154,68 @@ ep_core::register_lowering!(LOG_SOFTMAX = Softmax { op: "LogSoftmax", kind: Kind
 ep_core::register_lowering!(HARDMAX_2D = Softmax { op: "Hardmax", kind: Kind::Hardmax, flattening: true });
 ep_core::register_lowering!(HARDMAX = Softmax { op: "Hardmax", kind: Kind::Hardmax, flattening: false });
 
+fn claim_bias_softmax(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    require_inputs(node, 2, 2)?;
+    for i in 0..2 {
+        require_input_type(node, i, &[ElemType::F32, ElemType::F16, ElemType::F64])?;
+    }
+    if node.attr("is_inner_broadcast").is_none() {
+        return Err(Decline::new("the is_inner_broadcast attribute is required"));
+    }
+    Ok(())
+}
+
+/// The input viewed as `N` rows of `D` (the dimensions before and from `axis`), the bias as
+/// `B` such rows (`B` dividing `N`): with `is_inner_broadcast` row `n` takes bias row
+/// `n / (N / B)` (the bias spans the leading dimensions), without it row `n % B` (the
+/// trailing ones, as right-aligned broadcasting does).
+fn lower_bias_softmax(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+    let (x, bias, s) = (ctx.input(0)?, ctx.input(1)?, ctx.stream());
+    let shape = x.shape();
+    let r = shape.len() as i64;
+    let axis = node.attr_int("axis", 1)?;
+    let a = if axis < 0 { axis + r } else { axis };
+    if !(0..r.max(1)).contains(&a) {
+        bail!("axis {axis} is out of range for the input's rank {r}");
+    }
+    let (n, d): (i64, i64) = (shape[..a as usize].iter().product(), shape[a as usize..].iter().product());
+    let size = bias.size() as i64;
+    if d == 0 || n == 0 {
+        return Ok(vec![x.clone()]);
+    }
+    let rows = size / d;
+    if size % d != 0 || rows == 0 || n % rows != 0 {
+        bail!(
+            "bias {:?} is not whole rows of the {d} elements from axis {axis} of {shape:?} that divide its {n} rows",
+            bias.shape()
+        );
+    }
+    let inner = node.attr_int("is_inner_broadcast", 0)? != 0;
+    let (xs, bs) = if inner { ([rows, n / rows, d], [rows, 1, d]) } else { ([n / rows, rows, d], [1, rows, d]) };
+    let wide = |a: &Array| -> Result<Array> {
+        Ok(if a.dtype() == Dtype::F16 { ops::astype(a, Dtype::F32, s)? } else { a.clone() })
+    };
+    let sum = ops::add(&ops::reshape(&wide(x)?, &xs, s)?, &ops::reshape(&wide(bias)?, &bs, s)?, s)?;
+    let y = ops::softmax(&sum, 2, s)?;
+    Ok(vec![ops::reshape(&ops::astype(&y, x.dtype(), s)?, &shape, s)?])
+}
+
+ep_core::register_lowering!(
+    BIAS_SOFTMAX = FnLowering {
+        domain: "com.microsoft",
+        op: "BiasSoftmax",
+        opsets: 1..=i32::MAX,
+        claim: claim_bias_softmax,
+        lower: lower_bias_softmax,
+        safety: CompileSafety::ShapeKeyed,
+        growth: None,
+    }
+);
+
 #[cfg(feature = "conformance")]
 mod spec {
     use conformance_spec::strategy::*;
-    use conformance_spec::{Case, Values, register_spec};
+    use conformance_spec::{Attr, Case, DType, Values, register_spec};
 
     /// Both definitions (opset < 13 flattens at `axis`, 13+ is per-axis), every axis.
     fn softmax(op: &'static str) -> BoxedStrategy<Case> {
@@ -170,6 +230,44 @@ mod spec {
             })
             .boxed()
     }
+
+    // ORT's CPU EP has no BiasSoftmax kernel: the reference adds in float32, flattens at the
+    // axis and normalizes each row. The bias spans the leading dimensions (`is_inner_broadcast`,
+    // ones between them and the axis) or the trailing ones (fewer dimensions), so that
+    // broadcasting it is the op's pairing of rows.
+    register_spec!(super::BIAS_SOFTMAX, || {
+        (
+            float_dtype(),
+            nonempty_shape(2..=4),
+            any::<(prop::sample::Index, prop::sample::Index)>(),
+            any::<bool>(),
+            seed(),
+        )
+            .prop_map(|(t, s, (axis, keep), inner, seed)| {
+                let r = s.len();
+                let a = 1 + axis.index(r - 1);
+                let k = keep.index(a + 1);
+                let bias: Vec<i64> =
+                    if inner { [&s[..k], &vec![1; a - k][..], &s[a..]].concat() } else { s[a - k..].to_vec() };
+                let to = |t: DType| vec![("to", Attr::Int(t.onnx_code()))];
+                Case::domain_op("com.microsoft", "BiasSoftmax", 1)
+                    .input_with("x", t, &s, Values::Uniform { lo: -5.0, hi: 5.0 })
+                    .input("bias", t, &bias)
+                    .attr_int("axis", a as i64)
+                    .attr_int("is_inner_broadcast", inner as i64)
+                    .output("y", t, &s)
+                    .with_seed(seed)
+                    .reference("Cast", &["x"], &["x_f"], to(DType::F32))
+                    .reference("Cast", &["bias"], &["bias_f"], to(DType::F32))
+                    .reference("Add", &["x_f", "bias_f"], &["sum"], vec![])
+                    .reference("Flatten", &["sum"], &["rows"], vec![("axis", Attr::Int(a as i64))])
+                    .reference("Softmax", &["rows"], &["normed"], vec![("axis", Attr::Int(1))])
+                    .reference("Shape", &["x"], &["x_shape"], vec![])
+                    .reference("Reshape", &["normed", "x_shape"], &["y_f"], vec![])
+                    .reference("Cast", &["y_f"], &["y"], to(t))
+            })
+            .boxed()
+    });
 
     register_spec!(super::SOFTMAX, || softmax("Softmax"));
     register_spec!(super::LOG_SOFTMAX, || softmax("LogSoftmax"));

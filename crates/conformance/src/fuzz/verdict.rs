@@ -550,6 +550,9 @@ pub fn judge_result(r: &ChildResult, nodes: &[String]) -> Verdict {
     if let Some(e) = &r.harness_error {
         return Verdict::new(Class::Invalid, e.clone());
     }
+    if r.unreferenced.is_some() {
+        return judge_alone(&r.mlx, r.cpu.error(), nodes);
+    }
     let cpu_error = r.cpu.error();
     let on_mlx = mlx_ran_nodes(&r.mlx);
     let placement = if on_mlx { "on MLX" } else { "declined to the CPU EP" };
@@ -599,6 +602,32 @@ pub fn judge_result(r: &ChildResult, nodes: &[String]) -> Verdict {
         (None, false) => "both answer the same (declined to the CPU EP)",
     };
     Verdict::new(Class::Ok, what)
+}
+
+/// The MLX EP's conduct on a case with nothing to compare against (see
+/// [`ChildResult::unreferenced`]): refusing, answering, or failing with an error that names the
+/// node or the EP (or is `reference`'s word for word: ORT's own input checks) is fine; an error
+/// that names neither is spurious.
+fn judge_alone(mlx: &EpResult, reference: Option<&str>, nodes: &[String]) -> Verdict {
+    if mlx.session_error.is_some() {
+        return Verdict::new(Class::Ok, "the MLX session refused the case (no CPU kernel to compare)");
+    }
+    if mlx.runs.is_empty() {
+        return Verdict::new(Class::Invalid, "the MLX session made no run");
+    }
+    let on_mlx = mlx_ran_nodes(mlx);
+    for (k, run) in mlx.runs.iter().enumerate() {
+        if let Some(e) = &run.error {
+            let named = e.contains(MLX_EP) || nodes.iter().any(|n| e.contains(n.as_str()));
+            if on_mlx && !named && reference != Some(e.as_str()) {
+                return Verdict::new(
+                    Class::Spurious,
+                    format!("run {}: the error names neither the EP nor a node: {e}", k + 1),
+                );
+            }
+        }
+    }
+    Verdict::new(Class::Ok, "the MLX EP answered or failed cleanly (no CPU kernel to compare)")
 }
 
 #[cfg(test)]
@@ -651,7 +680,7 @@ mod tests {
             (cpu_ok.clone(), EpResult::refused("compile failed".into()), Class::Spurious),
         ];
         for (i, (cpu, mlx, want)) in cases.into_iter().enumerate() {
-            let r = ChildResult { cpu, mlx, harness_error: None };
+            let r = ChildResult { cpu, mlx, harness_error: None, unreferenced: None };
             assert_eq!(judge(&Exit::Code(0), &line(&r), &nodes()).class, want, "case {i}");
         }
     }
@@ -692,7 +721,31 @@ mod tests {
         assert_eq!(judge(&Exit::Code(134), &format!("{STAGE_MARK}cpu\n"), &nodes()).class, Class::Crash);
         assert_eq!(judge(&Exit::Code(2), "", &nodes()).class, Class::Invalid);
         assert_eq!(judge(&Exit::TimedOut, "", &nodes()).class, Class::Hang);
-        let r = ChildResult { cpu: ep(CPU_EP, vec![answer()]), mlx: ep(MLX_EP, vec![answer()]), harness_error: None };
+        let r = ChildResult {
+            cpu: ep(CPU_EP, vec![answer()]),
+            mlx: ep(MLX_EP, vec![answer()]),
+            harness_error: None,
+            unreferenced: None,
+        };
         assert_eq!(judge(&Exit::Code(1), &line(&r), &nodes()).class, Class::Crash);
+    }
+
+    #[test]
+    fn a_case_without_a_cpu_kernel_is_judged_on_the_mlx_eps_conduct() {
+        let alone = |mlx: EpResult| {
+            let r = ChildResult {
+                cpu: ep(CPU_EP, vec![error("input x: got 5, expected 2")]),
+                mlx,
+                harness_error: None,
+                unreferenced: Some("no CPU kernel".into()),
+            };
+            judge_result(&r, &nodes()).class
+        };
+        assert_eq!(alone(ep(MLX_EP, vec![answer()])), Class::Ok);
+        assert_eq!(alone(ep(MLX_EP, vec![error("node 'under_test': bad shape")])), Class::Ok);
+        assert_eq!(alone(ep(MLX_EP, vec![error("bad shape")])), Class::Spurious);
+        assert_eq!(alone(ep(MLX_EP, vec![error("input x: got 5, expected 2")])), Class::Ok);
+        assert_eq!(alone(EpResult::refused("refused".into())), Class::Ok);
+        assert_eq!(alone(ep(MLX_EP, vec![])), Class::Invalid);
     }
 }
