@@ -322,6 +322,21 @@ def report(records, property_json=None):
             )
     unclaimed = [op for op, c in per_op.items() if not c["claimed"] and c["tests"] > c["skipped"]]
     lines += ["", f"Ops whose loadable tests the MLX EP does not claim yet ({len(unclaimed)}): " + ", ".join(unclaimed) + "."]
+    ran = [r for r in records if r["result"] != "skipped"]
+    failing = sorted(r["test"] for r in ran if r["claimed"] != "none" and r["result"] != "pass")
+    cpu_too = sum(1 for r in ran if r["claimed"] != "none" and r["result"] != "pass" and r.get("cpu") != "pass")
+    lines += [
+        "",
+        f"Claimed tests that fail ({len(failing)}; {cpu_too} of them fail on ORT's CPU EP too, whose answers the "
+        "MLX EP's follow): " + (", ".join(f"`{t}`" for t in failing) or "none") + ".",
+    ]
+    partly = sorted(r["test"] for r in ran if r["claimed"] != "all")
+    lines += [
+        "",
+        f"Loadable tests not fully claimed ({len(partly)}; README, \"Current limits\", says why for each family): "
+        + ", ".join(f"`{t}`" for t in partly)
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
