@@ -105,6 +105,9 @@ pub enum Values {
     Special,
     /// Exactly these values (row-major, length = element count).
     Data(Vec<f64>),
+    /// The values of the case's constant of that name, as its type holds them: a reference
+    /// graph's copy of a constant in a wider type.
+    CopyOf(String),
 }
 
 impl Values {
@@ -181,8 +184,8 @@ pub struct Case {
     /// ORT cannot fold shape computations and the EP sees unknown dims.
     #[serde(default)]
     pub symbolic: Option<bool>,
-    /// For an op ORT's CPU EP has no kernel for (ops ORT runs on CUDA only): ops it does run
-    /// (default domain, the case's `ai.onnx` import) computing the same outputs from the same
+    /// For an op ORT's CPU EP has no kernel for (ops ORT runs on CUDA only), or one whose CPU
+    /// kernel is wrong for a type: ops it runs right computing the same outputs from the same
     /// inputs and constants, written from the op's specification. The CPU EP runs these in
     /// place of [`Case::nodes`]; empty, it runs the nodes themselves.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -287,10 +290,22 @@ impl Case {
     /// Appends a node of the reference graph (see [`Case::reference`]): `op` of the default
     /// domain reading and writing the named values (`""` an absent input); intermediate names
     /// are the reference's own.
-    pub fn reference(mut self, op: &str, inputs: &[&str], outputs: &[&str], attributes: Vec<(&str, Attr)>) -> Case {
+    pub fn reference(self, op: &str, inputs: &[&str], outputs: &[&str], attributes: Vec<(&str, Attr)>) -> Case {
+        self.reference_in("", op, inputs, outputs, attributes)
+    }
+
+    /// [`Case::reference`] with a node of `domain` (one the case imports).
+    pub fn reference_in(
+        mut self,
+        domain: &str,
+        op: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        attributes: Vec<(&str, Attr)>,
+    ) -> Case {
         let name = format!("reference_{}_{op}", self.reference.len());
         self.reference.push(NodeSpec {
-            domain: String::new(),
+            domain: domain.to_owned(),
             op: op.to_owned(),
             name,
             inputs: inputs.iter().map(|s| s.to_string()).collect(),

@@ -56,7 +56,7 @@ fn build_with(case: &Case, nodes: &[NodeSpec]) -> Result<Model> {
     graph.set_inputs(case.inputs.iter().map(|t| Outlet::new(&t.name, declare(&t.name, t.dtype, &t.shape))))?;
     graph.set_outputs(case.outputs.iter().map(|(n, d, s)| Outlet::new(n, declare(n, *d, s))))?;
     for (i, c) in case.constants.iter().enumerate() {
-        let data = tensor_values(c, case.seed, 1000 + i as u64);
+        let data = constant_values(case, i)?;
         graph.add_initializer(&c.name, values::ort_tensor_from_f64(elem_type(c.dtype), &c.shape, &data)?, false)?;
     }
     for n in nodes {
@@ -78,6 +78,24 @@ fn attribute(name: &str, value: &Attr) -> Result<Attribute> {
         Attr::Floats(v) => Attribute::new(name, v.clone())?,
         Attr::Strs(v) => Attribute::new(name, v.clone())?,
     })
+}
+
+/// Constant `i`'s values (a [`Values::CopyOf`] resolved to the named constant's, rounded to
+/// that constant's type).
+pub fn constant_values(case: &Case, i: usize) -> Result<Vec<f64>> {
+    let c = &case.constants[i];
+    let Values::CopyOf(name) = &c.values else { return Ok(tensor_values(c, case.seed, 1000 + i as u64)) };
+    let Some(j) = case.constants.iter().position(|o| &o.name == name && !matches!(o.values, Values::CopyOf(_))) else {
+        return Err(format!("constant {} copies {name}, which is not a constant of the case", c.name).into());
+    };
+    let of = &case.constants[j];
+    let held = |v: f64| match of.dtype {
+        DType::F16 => half::f16::from_f64(v).to_f64(),
+        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        DType::F32 => v as f32 as f64,
+        _ => v,
+    };
+    Ok(tensor_values(of, case.seed, 1000 + j as u64).into_iter().map(held).collect())
 }
 
 /// The runtime inputs' values, drawn from the case's seed.
@@ -107,6 +125,8 @@ pub fn tensor_values(t: &TensorSpec, seed: u64, stream: u64) -> Vec<f64> {
     };
     match &t.values {
         Values::Data(d) => d.clone(),
+        // (Resolved by `constant_values`; as an input, nothing to copy.)
+        Values::CopyOf(_) => vec![0.0; n],
         Values::Uniform { lo, hi } => (0..n).map(|_| draw(&mut rng, *lo, *hi)).collect(),
         Values::Special => {
             let (min, max) = t.dtype.range();

@@ -28,6 +28,7 @@ mod linalg;
 mod loss;
 mod lrn;
 mod matmul;
+mod moe;
 mod nms;
 mod norm;
 mod norm_shapes;

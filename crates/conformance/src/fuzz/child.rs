@@ -178,10 +178,14 @@ fn run_ep(
 ) -> (EpResult, Vec<Option<Vec<HostTensor>>>) {
     let tag = if ep == Ep::Cpu { "cpu" } else { "mlx" };
     stage(&format!("{tag}-session"));
-    let built = if ep == Ep::Cpu { model::build_reference(case) } else { model::build(case) };
+    let (built, builder) = if ep == Ep::Cpu {
+        (model::build_reference(case), crate::cpu_builder_for(case))
+    } else {
+        (model::build(case), crate::builder_for(ep))
+    };
     let session = built
         .map_err(|e| format!("building the model: {e}"))
-        .and_then(|m| m.into_session(&crate::builder_for(ep).map_err(|e| e.to_string())?).map_err(|e| e.to_string()));
+        .and_then(|m| m.into_session(&builder.map_err(|e| e.to_string())?).map_err(|e| e.to_string()));
     let mut session = match session {
         Ok(s) => s,
         Err(e) => return (EpResult::refused(e), Vec::new()),

@@ -341,6 +341,18 @@ pub const CPU_ANSWER_WRONG: &[(&str, &str, &str)] = &[
          reference implementation does",
     ),
     (
+        "com.microsoft:MoE",
+        "nan-inf",
+        "the CPU EP sums the experts' weighted outputs with a compensated (Kahan) sum, which turns \
+         infinities into NaN; the MLX EP sums them plainly (inf)",
+    ),
+    (
+        "com.microsoft:QMoE",
+        "nan-inf",
+        "the CPU EP orders NaN logits as its partial sort leaves them and multiplies infinite scales \
+         through its blocked product kernel; the MLX EP's dequantized weights and softmax carry the NaN",
+    ),
+    (
         "com.microsoft:DynamicQuantizeLSTM",
         "nan-inf",
         "the CPU EP ends a NaN gate input as 0 or 1 (MLAS's logistic and tanh clamp their input with \

@@ -1,6 +1,6 @@
 //! Safe wrappers over MLX's fused ("fast") kernels and its affine quantization: RMS norm,
-//! rotary embedding, attention, quantize/dequantize and the quantized matmul. Re-exported
-//! through [`super::ops`] with the other operations.
+//! rotary embedding, attention, quantize/dequantize and the quantized matmul, and the gathered
+//! matmul of mixtures of experts. Re-exported through [`super::ops`] with the other operations.
 
 use super::{Array, Dtype, Result, Stream, check};
 use std::ffi::c_int;
@@ -149,5 +149,19 @@ pub fn rms_norm(x: &Array, weight: &Array, eps: f32, s: &Stream) -> Result<Array
     let mut out = Array::empty();
     // SAFETY: as above.
     check(unsafe { mlx_sys::mlx_fast_rms_norm(&mut out.0, x.0, weight.0, eps, s.0) })?;
+    Ok(out)
+}
+
+/// `a[lhs] @ b[rhs]` over the batch dimensions: `a` `[.., M, K]`, `b` `[.., K, N]`, each index
+/// array (same shape, or broadcast) picking a matrix of its operand's flattened batch; `None`
+/// takes the operand's batch as it is. Each product reads its own matrix only (a mixture of
+/// experts' token-to-expert products without gathering the weights).
+pub fn gather_mm(a: &Array, b: &Array, lhs: Option<&Array>, rhs: Option<&Array>, s: &Stream) -> Result<Array> {
+    let null = mlx_sys::mlx_array { ctx: std::ptr::null_mut() };
+    let mut out = Array::empty();
+    // SAFETY: valid handles; mlx-c accepts null index arrays.
+    check(unsafe {
+        mlx_sys::mlx_gather_mm(&mut out.0, a.0, b.0, lhs.map_or(null, |x| x.0), rhs.map_or(null, |x| x.0), false, s.0)
+    })?;
     Ok(out)
 }

@@ -4,7 +4,9 @@
 use super::{Array, Dtype, Result, Stream, check};
 use std::ffi::c_int;
 
-pub use super::fast::{dequantize, quantize, quantized_matmul, rms_norm, rope, scaled_dot_product_attention};
+pub use super::fast::{
+    dequantize, gather_mm, quantize, quantized_matmul, rms_norm, rope, scaled_dot_product_attention,
+};
 pub use super::slicing::*;
 
 macro_rules! unary {

@@ -146,6 +146,21 @@ fn quantized_matmul_matches_the_dequantized_product() {
 }
 
 #[test]
+fn gather_mm_multiplies_each_row_by_the_matrix_it_picks() {
+    let _g = lock();
+    let s = cpu();
+    // Three 2x2 matrices; two one-row inputs, each times the matrix its index picks.
+    let b: Vec<f32> = (0..12).map(|i| i as f32).collect();
+    let b = Array::from_slice(&b, &[3, 2, 2]).unwrap();
+    let a = Array::from_slice(&[1.0f32, 2.0, -1.0, 1.0], &[2, 1, 2]).unwrap();
+    let pick = Array::from_slice(&[2u32, 0], &[2]).unwrap();
+    let got = ops::gather_mm(&a, &b, None, Some(&pick), &s).unwrap();
+    assert_eq!(got.shape(), vec![2, 1, 2]);
+    // [1, 2] @ [[8, 9], [10, 11]] and [-1, 1] @ [[0, 1], [2, 3]].
+    assert_eq!(got.to_vec::<f32>(&s).unwrap(), vec![28.0, 31.0, 2.0, 2.0]);
+}
+
+#[test]
 fn fused_rope_attention_and_rms_norm_match_their_definitions() {
     let _g = lock();
     let s = cpu();
