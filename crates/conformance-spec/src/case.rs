@@ -190,6 +190,28 @@ pub struct Case {
     /// place of [`Case::nodes`]; empty, it runs the nodes themselves.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reference: Vec<NodeSpec>,
+    /// How outputs are compared: value by value, or (random generators) as samples of one
+    /// distribution.
+    #[serde(default, skip_serializing_if = "Compare::is_values")]
+    pub compare: Compare,
+}
+
+/// How a case's outputs are compared with the CPU EP's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Compare {
+    /// Element by element, within the type's tolerance.
+    #[default]
+    Values,
+    /// Same shapes and types, every value finite, and the samples' means and spreads alike
+    /// (within a few standard errors): outputs of random generators, which no two runtimes
+    /// draw alike.
+    Distribution,
+}
+
+impl Compare {
+    pub fn is_values(&self) -> bool {
+        *self == Compare::Values
+    }
 }
 
 impl Case {
@@ -221,6 +243,7 @@ impl Case {
             seed: 0,
             symbolic: None,
             reference: Vec::new(),
+            compare: Compare::Values,
         }
     }
 
@@ -318,6 +341,12 @@ impl Case {
     /// Adds a constant the reference graph reads (not an input of the node under test).
     pub fn reference_constant(mut self, name: &str, dtype: DType, shape: &[i64], values: Values) -> Case {
         self.constants.push(TensorSpec { name: name.to_owned(), dtype, shape: shape.to_vec(), values });
+        self
+    }
+
+    /// Compares the outputs as samples of a distribution (see [`Compare::Distribution`]).
+    pub fn distribution(mut self) -> Case {
+        self.compare = Compare::Distribution;
         self
     }
 

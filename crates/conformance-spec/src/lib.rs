@@ -18,7 +18,7 @@
 pub mod case;
 pub mod strategy;
 
-pub use case::{Attr, Case, DType, NodeSpec, TensorSpec, Values};
+pub use case::{Attr, Case, Compare, DType, NodeSpec, TensorSpec, Values};
 pub use inventory;
 pub use proptest;
 

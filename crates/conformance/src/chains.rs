@@ -60,6 +60,7 @@ pub fn strategy() -> BoxedStrategy<Case> {
                 seed,
                 symbolic: None,
                 reference: Vec::new(),
+                compare: conformance_spec::Compare::Values,
             }
         })
         .boxed()
@@ -109,6 +110,7 @@ pub fn dynamic_quant_matmul() -> BoxedStrategy<Case> {
                 seed,
                 symbolic: None,
                 reference: Vec::new(),
+                compare: conformance_spec::Compare::Values,
             }
         })
         .boxed()
@@ -141,6 +143,7 @@ pub fn exact_scalar_constant() -> BoxedStrategy<Case> {
                 seed,
                 symbolic: None,
                 reference: Vec::new(),
+                compare: conformance_spec::Compare::Values,
             }
         })
         .boxed()

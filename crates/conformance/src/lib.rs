@@ -127,6 +127,9 @@ pub fn compare(case: &Case, got: &[HostTensor], expected: &[HostTensor]) -> Outc
     if got.len() != expected.len() {
         return Outcome::Failed(format!("MLX gave {} outputs, CPU {}", got.len(), expected.len()));
     }
+    if case.compare == conformance_spec::Compare::Distribution {
+        return compare_distributions(got, expected);
+    }
     for (g, e) in got.iter().zip(expected) {
         if g.shape != e.shape || g.elem_type != e.elem_type {
             return Outcome::Failed(format!(
@@ -154,4 +157,97 @@ pub fn compare(case: &Case, got: &[HostTensor], expected: &[HostTensor]) -> Outc
         }
     }
     Outcome::Passed { max_abs, max_rel }
+}
+
+/// Mean and variance of `v`.
+fn moments(v: &[f64]) -> (f64, f64) {
+    let n = v.len().max(1) as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    (mean, v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n)
+}
+
+/// Outputs of random generators: equal shapes and types, as many NaNs and infinities, and with
+/// enough finite samples (30; 200 for the spread) means within five standard errors of each
+/// other and standard deviations within 30%.
+pub fn compare_distributions(got: &[HostTensor], expected: &[HostTensor]) -> Outcome {
+    let (mut max_abs, mut max_rel) = (0.0f64, 0.0f64);
+    for (g, e) in got.iter().zip(expected) {
+        if g.shape != e.shape || g.elem_type != e.elem_type {
+            return Outcome::Failed(format!(
+                "output '{}' is {:?}{:?} on MLX, {:?}{:?} on CPU",
+                g.name, g.elem_type, g.shape, e.elem_type, e.shape
+            ));
+        }
+        // As many NaNs and infinities of each sign (a mean of inf draws only inf); the moments
+        // of the finite values.
+        let kinds = |v: &[f64]| {
+            [f64::is_nan, |x: f64| x == f64::INFINITY, |x: f64| x == f64::NEG_INFINITY]
+                .map(|is| v.iter().filter(|&&x| is(x)).count())
+        };
+        if kinds(&g.values) != kinds(&e.values) {
+            return Outcome::Failed(format!(
+                "output '{}': NaN, +inf and -inf counts {:?} on MLX, {:?} on CPU",
+                g.name,
+                kinds(&g.values),
+                kinds(&e.values)
+            ));
+        }
+        let finite = |v: &[f64]| v.iter().copied().filter(|x| x.is_finite()).collect::<Vec<f64>>();
+        let (gf, ef) = (finite(&g.values), finite(&e.values));
+        if gf.len() < 30 {
+            continue;
+        }
+        let ((gm, gv), (em, ev)) = (moments(&gf), moments(&ef));
+        let n = gf.len() as f64;
+        let se = ((gv + ev) / n).sqrt();
+        let gap = (gm - em).abs();
+        if gap > 5.0 * se + 1e-6 * (1.0 + em.abs()) {
+            return Outcome::Failed(format!(
+                "output '{}': mean {gm} on MLX, {em} on CPU ({n} samples, standard error {se})",
+                g.name
+            ));
+        }
+        let (gs, es) = (gv.sqrt(), ev.sqrt());
+        if n >= 200.0 && (gs - es).abs() > 0.3 * es.max(gs) + 1e-6 {
+            return Outcome::Failed(format!("output '{}': standard deviation {gs} on MLX, {es} on CPU", g.name));
+        }
+        max_abs = max_abs.max(gap);
+        max_rel = max_rel.max(gap / em.abs().max(f64::MIN_POSITIVE));
+    }
+    Outcome::Passed { max_abs, max_rel }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_ep_host::ort::value::TensorElementType;
+
+    fn samples(values: Vec<f64>) -> Vec<HostTensor> {
+        vec![HostTensor {
+            name: "y".into(),
+            elem_type: TensorElementType::Float32,
+            shape: vec![values.len() as i64],
+            values,
+        }]
+    }
+
+    /// `n` evenly spread values of `[lo, hi)`, shuffled by a stride (a uniform sample without a
+    /// generator).
+    fn spread(n: usize, lo: f64, hi: f64) -> Vec<f64> {
+        (0..n).map(|i| lo + (hi - lo) * ((i * 7919) % n) as f64 / n as f64).collect()
+    }
+
+    #[test]
+    fn distributions_compare_by_mean_and_spread() {
+        let cpu = samples(spread(512, 0.0, 1.0));
+        assert!(compare_distributions(&samples(spread(512, 0.001, 1.001)), &cpu).is_pass());
+        // Shifted by a tenth of the range, or twice as wide: different distributions.
+        assert!(!compare_distributions(&samples(spread(512, 0.1, 1.1)), &cpu).is_pass());
+        assert!(!compare_distributions(&samples(spread(512, -0.5, 1.5)), &cpu).is_pass());
+        let mut nan = spread(512, 0.0, 1.0);
+        nan[3] = f64::NAN;
+        assert!(!compare_distributions(&samples(nan.clone()), &cpu).is_pass());
+        assert!(compare_distributions(&samples(nan.clone()), &samples(nan)).is_pass());
+        assert!(!compare_distributions(&samples(spread(511, 0.0, 1.0)), &cpu).is_pass());
+    }
 }

@@ -246,3 +246,40 @@ fn a_failing_node_is_an_error_naming_it_and_the_session_survives() -> Result<()>
     assert_eq!(ok[0].values, vec![0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
     Ok(())
 }
+
+#[test]
+fn random_generators_draw_anew_each_run_unless_seeded() -> Result<()> {
+    // A generator next to other nodes: the partition runs eagerly, so each run draws again;
+    // a seed draws the same values run after run.
+    let build = |seed: Option<f32>| {
+        let x: Io = ("x", Float32, &[64]);
+        let y: Io = ("y", Float32, &[64]);
+        let mut attrs = vec![Attribute::new("low", 2.0f32)?, Attribute::new("high", 3.0f32)?];
+        if let Some(s) = seed {
+            attrs.push(Attribute::new("seed", s)?);
+        }
+        graph_model(
+            20,
+            &[x],
+            &[y],
+            &[],
+            vec![
+                node("RandomUniformLike", "draw", &["x"], &["u"], attrs)?,
+                node("Add", "add", &["u", "x"], &["y"], vec![])?,
+            ],
+        )
+    };
+    let zeros = vec![("x".to_string(), values::tensor_from_f64(Float32, &[64], &[0.0; 64])?)];
+    for seed in [None, Some(7.0)] {
+        let mut mlx = build(seed)?.into_session(&session_builder(Ep::Mlx)?)?;
+        assert_on(&assignment(&mlx)?, "draw", MLX_EP);
+        let runs: Vec<Vec<f64>> = (0..2)
+            .map(|_| Ok(values::run(&mut mlx, &zeros)?[0].values.clone()))
+            .collect::<Result<_>>()?;
+        for v in &runs {
+            assert!(v.iter().all(|&u| (2.0..3.0).contains(&u)), "{v:?}");
+        }
+        assert_eq!(runs[0] == runs[1], seed.is_some(), "seed {seed:?}: {runs:?}");
+    }
+    Ok(())
+}

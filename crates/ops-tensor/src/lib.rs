@@ -19,6 +19,7 @@ mod generate;
 mod grid_sample;
 mod join;
 mod pad;
+mod random;
 mod resize;
 mod reverse_sequence;
 mod scatter;

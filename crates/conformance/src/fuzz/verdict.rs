@@ -341,6 +341,20 @@ pub const CPU_ANSWER_WRONG: &[(&str, &str, &str)] = &[
          reference implementation does",
     ),
     (
+        "Bernoulli",
+        "nan-inf",
+        "the CPU EP draws 1 for a probability of -inf and 0 for +inf (its comparison of a uniform \
+         draw runs the other way outside [0, 1]); the MLX EP draws 1 where the probability is above \
+         the draw, so 0 for -inf and 1 for +inf",
+    ),
+    (
+        "Multinomial",
+        "nan-inf",
+        "the CPU EP answers the class count itself (an index out of range) for a row without a finite \
+         probability, and draws from what remains of a row holding +inf; the MLX EP's categorical \
+         draw answers an index within the row",
+    ),
+    (
         "com.microsoft:MoE",
         "nan-inf",
         "the CPU EP sums the experts' weighted outputs with a compensated (Kahan) sum, which turns \

@@ -17,6 +17,7 @@ mod dtype;
 mod fast;
 mod host_copy;
 pub mod ops;
+pub mod random;
 mod slicing;
 mod stream;
 #[cfg(test)]
