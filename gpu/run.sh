@@ -263,11 +263,11 @@ for s in "${sections[@]}"; do
         if [ "${LLM:-1}" = 1 ]; then
           section "coldstart $mode: fp16 decoder, KV in the EP's memory (empty kernel cache)"
           with_env timed 200 "$mode llm fp16" mlx-ep-run llm --preset qwen2.5-0.5b-fp16 --kv device \
-            --prompt 128 --steps 32 --json "/tmp/mlx-gpu/json/cold-$mode-llm-fp16.json" | grep -E "first generation|decode  |agree"
+            --prompt 128 --steps 32 --json "/tmp/mlx-gpu/json/cold-$mode-llm-fp16.json" | grep -E "first generation|decode  |agree|^-----"
           section "coldstart $mode: fp16 decoder, second process (kernels cached), traced"
           with_env timed 100 "$mode llm fp16 again" env ONNXRUNTIME_EP_MLX_TRACE="$out/trace-cold-$mode-llm.json" \
             mlx-ep-run llm --preset qwen2.5-0.5b-fp16 --kv device --prompt 128 --steps 32 \
-            --json "/tmp/mlx-gpu/json/cold-$mode-llm-fp16-2.json" | grep -E "first generation|decode  |agree"
+            --json "/tmp/mlx-gpu/json/cold-$mode-llm-fp16-2.json" | grep -E "first generation|decode  |agree|^-----"
           python3 gpu/trace_summary.py "$out/trace-cold-$mode-llm.json" --first 2
         fi
         echo "kernel cache $mode: $(find "/tmp/mlx-cold-$mode" -type f 2>/dev/null | wc -l) files, $(du -sh "/tmp/mlx-cold-$mode" 2>/dev/null | cut -f1)"

@@ -202,9 +202,9 @@ pub enum Compare {
     /// Element by element, within the type's tolerance.
     #[default]
     Values,
-    /// Same shapes and types, every value finite, and the samples' means and spreads alike
-    /// (within a few standard errors): outputs of random generators, which no two runtimes
-    /// draw alike.
+    /// Same shapes and types, as many NaNs and infinities, the same support (0/1, indices), and
+    /// with enough samples means and spreads alike (within a few standard errors): outputs of
+    /// random generators, which no two runtimes draw alike.
     Distribution,
 }
 

@@ -166,9 +166,10 @@ fn moments(v: &[f64]) -> (f64, f64) {
     (mean, v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n)
 }
 
-/// Outputs of random generators: equal shapes and types, as many NaNs and infinities, and with
-/// enough finite samples (30; 200 for the spread) means within five standard errors of each
-/// other and standard deviations within 30%.
+/// Outputs of random generators: equal shapes and types, as many NaNs and infinities, the CPU
+/// EP's support where it is 0/1 or non-negative integers, and with enough finite samples (30;
+/// 200 for the spread) means within five standard errors of each other and standard
+/// deviations within 30%.
 pub fn compare_distributions(got: &[HostTensor], expected: &[HostTensor]) -> Outcome {
     let (mut max_abs, mut max_rel) = (0.0f64, 0.0f64);
     for (g, e) in got.iter().zip(expected) {
@@ -191,6 +192,18 @@ pub fn compare_distributions(got: &[HostTensor], expected: &[HostTensor]) -> Out
                 kinds(&g.values),
                 kinds(&e.values)
             ));
+        }
+        // The support: 0/1 draws stay 0/1, non-negative integer draws (indices) stay so.
+        let within = |v: &[f64], p: &dyn Fn(f64) -> bool| v.iter().all(|&x| p(x));
+        let binary = |x: f64| x == 0.0 || x == 1.0;
+        let index = |x: f64| x >= 0.0 && x.fract() == 0.0;
+        for (name, p) in [("0 or 1", &binary as &dyn Fn(f64) -> bool), ("a non-negative integer", &index)] {
+            if within(&e.values, p) && !within(&g.values, p) {
+                return Outcome::Failed(format!(
+                    "output '{}': a value that is not {name} on MLX, unlike the CPU EP's",
+                    g.name
+                ));
+            }
         }
         let finite = |v: &[f64]| v.iter().copied().filter(|x| x.is_finite()).collect::<Vec<f64>>();
         let (gf, ef) = (finite(&g.values), finite(&e.values));
@@ -249,5 +262,7 @@ mod tests {
         assert!(!compare_distributions(&samples(nan.clone()), &cpu).is_pass());
         assert!(compare_distributions(&samples(nan.clone()), &samples(nan)).is_pass());
         assert!(!compare_distributions(&samples(spread(511, 0.0, 1.0)), &cpu).is_pass());
+        // Outside the CPU EP's support: a 2 among 0/1 draws, however few.
+        assert!(!compare_distributions(&samples(vec![0.0, 2.0, 1.0]), &samples(vec![1.0, 0.0, 1.0])).is_pass());
     }
 }

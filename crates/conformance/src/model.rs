@@ -90,12 +90,13 @@ pub fn constant_values(case: &Case, i: usize) -> Result<Vec<f64>> {
     };
     let of = &case.constants[j];
     let held = |v: f64| match of.dtype {
-        DType::F16 => half::f16::from_f64(v).to_f64(),
-        DType::BF16 => half::bf16::from_f64(v).to_f64(),
-        DType::F32 => v as f32 as f64,
-        _ => v,
+        DType::F16 => Ok(half::f16::from_f64(v).to_f64()),
+        DType::BF16 => Ok(half::bf16::from_f64(v).to_f64()),
+        DType::F32 => Ok(v as f32 as f64),
+        DType::F64 => Ok(v),
+        other => Err(format!("constant {} copies {name}, of type {other:?}: only float constants are copied", c.name)),
     };
-    Ok(tensor_values(of, case.seed, 1000 + j as u64).into_iter().map(held).collect())
+    Ok(tensor_values(of, case.seed, 1000 + j as u64).into_iter().map(held).collect::<std::result::Result<_, _>>()?)
 }
 
 /// The runtime inputs' values, drawn from the case's seed.
@@ -125,8 +126,9 @@ pub fn tensor_values(t: &TensorSpec, seed: u64, stream: u64) -> Vec<f64> {
     };
     match &t.values {
         Values::Data(d) => d.clone(),
-        // (Resolved by `constant_values`; as an input, nothing to copy.)
-        Values::CopyOf(_) => vec![0.0; n],
+        // (Resolved by `constant_values`; an input that copies is a spec defect, fed NaN so
+        // that no comparison passes on it.)
+        Values::CopyOf(_) => vec![f64::NAN; n],
         Values::Uniform { lo, hi } => (0..n).map(|_| draw(&mut rng, *lo, *hi)).collect(),
         Values::Special => {
             let (min, max) = t.dtype.range();

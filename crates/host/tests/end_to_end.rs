@@ -273,9 +273,8 @@ fn random_generators_draw_anew_each_run_unless_seeded() -> Result<()> {
     for seed in [None, Some(7.0)] {
         let mut mlx = build(seed)?.into_session(&session_builder(Ep::Mlx)?)?;
         assert_on(&assignment(&mlx)?, "draw", MLX_EP);
-        let runs: Vec<Vec<f64>> = (0..2)
-            .map(|_| Ok(values::run(&mut mlx, &zeros)?[0].values.clone()))
-            .collect::<Result<_>>()?;
+        let runs: Vec<Vec<f64>> =
+            (0..2).map(|_| Ok(values::run(&mut mlx, &zeros)?[0].values.clone())).collect::<Result<_>>()?;
         for v in &runs {
             assert!(v.iter().all(|&u| (2.0..3.0).contains(&u)), "{v:?}");
         }

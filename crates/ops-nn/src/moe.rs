@@ -20,7 +20,8 @@
 //!   float32, rounded once.
 //!
 //! Each token's products read only its experts' matrices (MLX's gathered matmul). The fc3
-//! gate, which ORT's CPU kernels refuse too, is declined.
+//! gate, which ORT's CPU kernels refuse too, is declined; `use_sparse_mixer` (k = 2) routes as
+//! plain top-k, as ORT's CPU kernel does.
 
 use crate::norm::f32_of;
 use ep_core::lowering::{FnLowering, input_rank, require_input_type, require_inputs};
@@ -95,7 +96,7 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     let q = node.op_type == "QMoE";
     let slots = if q { &QMOE_SLOTS } else { &MOE_SLOTS };
     if q {
-        require_inputs(node, 3, 15)?;
+        require_inputs(node, 3, 21)?;
         require_present(node, &[(3, "fc1_scales"), (5, "fc2_experts_weights"), (6, "fc2_scales")])?;
         if node.inputs.len() > 15 && node.inputs[15..].iter().any(Option::is_some) {
             return Err(Decline::new("the FP4/FP8 scale inputs (15 on) are not supported"));
@@ -160,15 +161,35 @@ fn top_k(scores: &Array, k: i64, s: &Stream) -> Result<(Array, Array)> {
     let reversed = ops::arange((e - 1) as f64, -1.0, -1.0, Dtype::U32, s)?;
     let columns = ops::reshape(&ops::arange(0.0, e as f64, 1.0, Dtype::U32, s)?, &[1, e], s)?;
     let last = ops::scalar((e - 1) as f64, Dtype::U32, s)?;
-    let mut left = scores.clone();
+    // Ranked by (not taken, score): a taken expert sorts below every other, even one whose
+    // score is -inf, so the k picks are distinct.
+    let mut free = ops::full(&scores.shape(), &ops::scalar(1.0, Dtype::F32, s)?, Dtype::F32, s)?;
     let (mut picks, mut values) = (Vec::new(), Vec::new());
     for _ in 0..k {
-        // The first maximum of the reversed row is the last one of the row.
-        let at = ops::argmax_axis(&ops::take(&left, &reversed, 1, s)?, 1, true, s)?;
+        // Among the free experts the best score, then the last of its ties: the first maximum
+        // of the reversed row is the last one of the row.
+        let candidates = ops::where_(
+            &ops::greater(&free, &ops::scalar(0.0, Dtype::F32, s)?, s)?,
+            scores,
+            &ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?,
+            s,
+        )?;
+        let best = ops::max_axes(&candidates, &[1], true, s)?;
+        let is_best = ops::logical_and(
+            &ops::equal(&candidates, &best, s)?,
+            &ops::greater(&free, &ops::scalar(0.0, Dtype::F32, s)?, s)?,
+            s,
+        )?;
+        // (2 for the best, 1 for any other free expert, so a row of NaNs still picks a free one.)
+        let ranked = ops::add(
+            &ops::multiply(&ops::astype(&is_best, Dtype::F32, s)?, &ops::scalar(2.0, Dtype::F32, s)?, s)?,
+            &free,
+            s,
+        )?;
+        let at = ops::argmax_axis(&ops::take(&ranked, &reversed, 1, s)?, 1, true, s)?;
         let pick = ops::subtract(&last, &ops::astype(&at, Dtype::U32, s)?, s)?;
         values.push(ops::take_along_axis(scores, &pick, 1, s)?);
-        let taken = ops::equal(&columns, &pick, s)?;
-        left = ops::where_(&taken, &ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?, &left, s)?;
+        free = ops::where_(&ops::equal(&columns, &pick, s)?, &ops::scalar(0.0, Dtype::F32, s)?, &free, s)?;
         picks.push(pick);
     }
     Ok((ops::concatenate(&picks, 1, s)?, ops::concatenate(&values, 1, s)?))
@@ -295,7 +316,12 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         let zero_points = [11, 12].map(|i| ctx.optional_input(i).is_some());
         let ids: Vec<usize> =
             [2, 3, 5, 6].into_iter().chain([11, 12].into_iter().filter(|&i| ctx.optional_input(i).is_some())).collect();
-        let w = ctx.derived_many(&ids, "QMoE dequantized", |args, _| dequantize_all(node, args, zero_points, e, h))?;
+        let tag = format!(
+            "QMoE dequantized bits={} block={} hidden={h} zero_points={zero_points:?}",
+            node.attr_int("expert_weight_bits", 4).map_err(Error::new)?,
+            node.attr_int("block_size", 0).map_err(Error::new)?
+        );
+        let w = ctx.derived_many(&ids, &tag, |args, _| dequantize_all(node, args, zero_points, e, h))?;
         let [w1, w2] = &w[..] else { bail!("the dequantized weights have {} parts", w.len()) };
         (w1.clone(), w2.clone())
     } else {
@@ -364,6 +390,9 @@ impl Dequantize {
 
     fn run(&self, name: &str, w: &Array, scales: &Array, zero_points: Option<&Array>) -> Result<Array> {
         let (e, n, k) = (self.e as usize, self.n as usize, self.k as usize);
+        if e * n * k == 0 {
+            return Ok(Array::from_slice::<f32>(&[], &[self.e, self.n, self.k])?);
+        }
         let per = 8 / self.bits;
         let row_bytes = k.div_ceil(per);
         let bytes = w.host_bytes().ok_or_else(|| Error::new(format!("{name} weights are not readable on the host")))?;

@@ -170,7 +170,8 @@ fn claim_bias_softmax(node: &NodeInfo) -> std::result::Result<(), Decline> {
 /// `n / (N / B)` (the bias spans the leading dimensions), without it row `n % B` (the
 /// trailing ones, as right-aligned broadcasting does).
 fn lower_bias_softmax(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let (x, bias, s) = (ctx.input(0)?, ctx.input(1)?, ctx.stream());
+    let (x, bias) = (ctx.input(0)?, ctx.input(1)?);
+    let s = ctx.stream_for(x.dtype());
     let shape = x.shape();
     let r = shape.len() as i64;
     let axis = node.attr_int("axis", 1)?;

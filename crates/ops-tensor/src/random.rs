@@ -77,7 +77,8 @@ fn lower_generator(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
         // (Bounds ONNX leaves undefined, infinite or reversed, give what `low + (high - low) u`
         // gives.)
         let (low, high) = (attr("low", 0.0)?, attr("high", 1.0)?);
-        // Drawn in float32 and rounded: a half type's draw of [low, high) could round up to high.
+        // Drawn in float32 and rounded to the output type (for a half type the rounding of a
+        // draw just under `high` may reach it).
         let u =
             random::uniform(&Array::scalar_f32(low), &Array::scalar_f32(high), &shape, Dtype::F32, key.as_ref(), s)?;
         ops::astype(&u, dtype, s)?

@@ -70,8 +70,8 @@ pub struct ChildResult {
     pub mlx: EpResult,
     /// The harness could not set the case up (a defect of the fuzzer, not of an EP).
     pub harness_error: Option<String>,
-    /// Why the CPU EP's answer is not compared: a mutated case of an op it has no kernel for
-    /// (whose reference graph is written for valid cases only). The MLX EP is then judged on its
+    /// Why the CPU EP's answer is not compared: a mutated case whose CPU side is a reference
+    /// graph (an op without a CPU kernel, or with a wrong one), written for valid cases only. The MLX EP is then judged on its
     /// own conduct: no crash, and errors that name the node or the EP, or that are word for word
     /// the reference graph's (ORT's own checks of the fed inputs).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -261,8 +261,13 @@ pub fn attr_nonsense_list(fc: &mut FuzzCase, rng: &mut Rng) -> Option<String> {
 /// made nonsensical the same way, its shape following its new length.
 pub fn const_nonsense_list(fc: &mut FuzzCase, rng: &mut Rng) -> Option<String> {
     let rank = main_rank(fc);
-    let names: Vec<String> =
-        fc.case.constants.iter().filter(|c| c.dtype.is_int() && c.shape.len() == 1).map(|c| c.name.clone()).collect();
+    let names: Vec<String> = fc
+        .case
+        .constants
+        .iter()
+        .filter(|c| c.dtype.is_int() && c.shape.len() == 1 && read_by_nodes(fc, &c.name))
+        .map(|c| c.name.clone())
+        .collect();
     if names.is_empty() {
         return None;
     }
@@ -367,6 +372,11 @@ enum Slot {
     Constant(String),
 }
 
+/// Whether a node of the case (not only its reference graph) reads the constant `name`.
+fn read_by_nodes(fc: &FuzzCase, name: &str) -> bool {
+    fc.case.nodes.iter().any(|n| n.inputs.iter().any(|i| i == name))
+}
+
 /// A non-empty tensor (runtime input or constant) whose type satisfies `keep`.
 fn tensor_slot(fc: &FuzzCase, rng: &mut Rng, keep: impl Fn(DType) -> bool) -> Option<Slot> {
     let mut slots: Vec<Slot> =
@@ -375,7 +385,7 @@ fn tensor_slot(fc: &FuzzCase, rng: &mut Rng, keep: impl Fn(DType) -> bool) -> Op
         fc.case
             .constants
             .iter()
-            .filter(|c| keep(c.dtype) && element_count(&c.shape) > 0)
+            .filter(|c| keep(c.dtype) && element_count(&c.shape) > 0 && read_by_nodes(fc, &c.name))
             .map(|c| Slot::Constant(c.name.clone())),
     );
     if slots.is_empty() {
