@@ -35,7 +35,7 @@ fn group_attrs(node: &NodeInfo) -> std::result::Result<(i64, f64, bool, bool), S
         return Err(format!("groups is {groups}; it must be at least 1"));
     }
     let eps = node.attr_float("epsilon", 1e-5)?;
-    if !(eps >= 0.0) {
+    if eps.is_nan() || eps < 0.0 {
         return Err(format!("epsilon is {eps}; it must not be negative"));
     }
     let silu = match node.attr("activation").map(|_| node.attr_int("activation", 0)).transpose()? {
