@@ -19,15 +19,14 @@
 //!   `block_size` block, zero points packed likewise, default `2^(bits - 1)`), everything in
 //!   float32, rounded once.
 //!
-//! Each token's products read only its experts' matrices (MLX's gathered matmul). The fc3
+//! Each token's products read only its experts' matrices (MLX's gathered matmul, in float32,
+//! which its CPU kernel requires; float16 products are rounded after it). The fc3
 //! gate, which ORT's CPU kernels refuse too, is declined; `use_sparse_mixer` (k = 2) routes as
 //! plain top-k, as ORT's CPU kernel does.
 
 use crate::norm::f32_of;
-use ep_core::lowering::{FnLowering, input_rank, require_input_type, require_inputs};
+use ep_core::lowering::{FnLowering, input_rank, require_constant, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
-
-use ep_core::lowering::require_constant;
 use ep_core::{AttrValue, CompileSafety, Decline, ElemType, Error, LowerCtx, NodeInfo, Result, bail};
 
 const MS: &str = "com.microsoft";
