@@ -32,6 +32,10 @@ pub enum Activation {
     Softsign,
     /// `log(1 + e^x)`.
     Softplus,
+    /// `0.5 x (1 + erf(x / sqrt 2))`.
+    Gelu,
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    GeluTanh,
     /// `min(max(x, lo), hi)`; a NaN bound bounds nothing (as ORT's CPU EP's vector min and max
     /// leave it).
     Clip(f64, f64),
@@ -64,6 +68,16 @@ impl Activation {
             }
             Activation::Softsign => ops::divide(x, &ops::add(&ops::abs(x, s)?, &k(1.0)?, s)?, s)?,
             Activation::Softplus => ops::logaddexp(x, &zero, s)?,
+            Activation::Gelu => {
+                let inner = ops::erf(&ops::multiply(x, &k(std::f64::consts::FRAC_1_SQRT_2)?, s)?, s)?;
+                ops::multiply(&ops::multiply(x, &k(0.5)?, s)?, &ops::add(&inner, &k(1.0)?, s)?, s)?
+            }
+            Activation::GeluTanh => {
+                let cube = ops::multiply(&ops::multiply(x, x, s)?, x, s)?;
+                let inner = ops::add(x, &ops::multiply(&cube, &k(0.044715)?, s)?, s)?;
+                let t = ops::tanh(&ops::multiply(&inner, &k((2.0 / std::f64::consts::PI).sqrt())?, s)?, s)?;
+                ops::multiply(&ops::multiply(x, &k(0.5)?, s)?, &ops::add(&t, &k(1.0)?, s)?, s)?
+            }
             Activation::Clip(lo, hi) => {
                 let y = if lo.is_nan() { x.clone() } else { ops::maximum(x, &k(lo)?, s)? };
                 if hi.is_nan() { y } else { ops::minimum(&y, &k(hi)?, s)? }

@@ -4,6 +4,7 @@
 //! ParametricSoftplus and ScaledTanh (float32, models of ai.onnx opset 9 or older). float16
 //! and bfloat16 compute in float32 and round once, as ORT's CPU EP does.
 
+use ep_core::activation::Activation;
 use ep_core::lowering::{FLOATS, FnLowering, require_inputs, require_types};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{CompileSafety, Decline, LowerCtx, NodeInfo, Result};
@@ -88,20 +89,12 @@ fn thresholded_relu(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
     Ok(ops::where_(&keep, x, &c(0.0, x, s)?, s)?)
 }
 
-/// `0.5 x (1 + erf(x / sqrt 2))`.
 fn gelu_erf(x: &Array, s: &Stream) -> Result<Array> {
-    let inner = ops::erf(&ops::multiply(x, &c(std::f64::consts::FRAC_1_SQRT_2, x, s)?, s)?, s)?;
-    let half_x = ops::multiply(x, &c(0.5, x, s)?, s)?;
-    Ok(ops::multiply(&half_x, &ops::add(&inner, &c(1.0, x, s)?, s)?, s)?)
+    Activation::Gelu.apply(x, s)
 }
 
-/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
 fn gelu_tanh(x: &Array, s: &Stream) -> Result<Array> {
-    let cube = ops::multiply(&ops::multiply(x, x, s)?, x, s)?;
-    let inner = ops::add(x, &ops::multiply(&cube, &c(0.044715, x, s)?, s)?, s)?;
-    let t = ops::tanh(&ops::multiply(&inner, &c((2.0 / std::f64::consts::PI).sqrt(), x, s)?, s)?, s)?;
-    let half_x = ops::multiply(x, &c(0.5, x, s)?, s)?;
-    Ok(ops::multiply(&half_x, &ops::add(&t, &c(1.0, x, s)?, s)?, s)?)
+    Activation::GeluTanh.apply(x, s)
 }
 
 fn gelu(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {

@@ -14,8 +14,9 @@
 //! 2560, 5120 or 10240, GroupNorm up to 512 channels per group); these take any.
 
 use crate::norm::{f32_of, standardize};
+use ep_core::activation::Activation;
 use ep_core::lowering::{FnLowering, input_rank, require_input_type, require_inputs};
-use ep_core::mlx::{Array, Dtype, Stream, ops};
+use ep_core::mlx::{Array, Stream, ops};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
 
 const MS: &str = "com.microsoft";
@@ -212,9 +213,7 @@ fn lower_bias_split_gelu(ctx: &mut LowerCtx<'_>, _: &NodeInfo) -> Result<Vec<Arr
     let sum = ops::add(x, bias, s)?;
     let halves = ops::split_at(&f32_of(&sum, s)?, &[d / 2], 2, s)?;
     let [left, right] = &halves[..] else { bail!("the split gave {} parts", halves.len()) };
-    let c = |v: f64| ops::scalar(v, Dtype::F32, s);
-    let erf = ops::erf(&ops::multiply(right, &c(std::f64::consts::FRAC_1_SQRT_2)?, s)?, s)?;
-    let gelu = ops::multiply(&ops::multiply(right, &c(0.5)?, s)?, &ops::add(&erf, &c(1.0)?, s)?, s)?;
+    let gelu = Activation::Gelu.apply(right, s)?;
     Ok(vec![ops::astype(&ops::multiply(left, &gelu, s)?, x.dtype(), s)?])
 }
 

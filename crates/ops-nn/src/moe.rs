@@ -25,6 +25,7 @@
 //! plain top-k, as ORT's CPU kernel does.
 
 use crate::norm::f32_of;
+use ep_core::activation::Activation;
 use ep_core::lowering::{FnLowering, input_rank, require_constant, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{AttrValue, CompileSafety, Decline, ElemType, Error, LowerCtx, NodeInfo, Result, bail};
@@ -34,11 +35,13 @@ const TYPES: &[ElemType] = &[ElemType::F32, ElemType::F16];
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Act {
-    Relu,
-    Gelu,
-    Silu,
-    Identity,
-    SwiGlu { alpha: f32, beta: f32, limit: f32 },
+    /// relu, gelu (tanh form), silu, identity.
+    Plain(Activation),
+    SwiGlu {
+        alpha: f32,
+        beta: f32,
+        limit: f32,
+    },
 }
 
 /// The node's attributes: `(k, activation, normalize)`.
@@ -53,10 +56,10 @@ fn attrs(node: &NodeInfo) -> std::result::Result<(i64, Act, bool), String> {
         Some(other) => return Err(format!("attribute 'activation_type' should be a string, found {other:?}")),
     };
     let act = match name {
-        "relu" => Act::Relu,
-        "gelu" => Act::Gelu,
-        "silu" => Act::Silu,
-        "identity" => Act::Identity,
+        "relu" => Act::Plain(Activation::Relu),
+        "gelu" => Act::Plain(Activation::GeluTanh),
+        "silu" => Act::Plain(Activation::Silu),
+        "identity" => Act::Plain(Activation::Identity),
         "swiglu" => {
             if node.attr_int("swiglu_fusion", 0)? != 1 {
                 return Err(
@@ -236,15 +239,7 @@ fn route(ctx: &LowerCtx<'_>, node: &NodeInfo, rows: i64, k: i64, normalize: bool
 fn activate(h: &Array, act: Act, s: &Stream) -> Result<Array> {
     let c = |v: f64| ops::scalar(v, Dtype::F32, s);
     Ok(match act {
-        Act::Identity => h.clone(),
-        Act::Relu => ops::maximum(h, &c(0.0)?, s)?,
-        Act::Silu => ops::multiply(h, &ops::sigmoid(h, s)?, s)?,
-        Act::Gelu => {
-            let cube = ops::multiply(&ops::multiply(h, h, s)?, h, s)?;
-            let inner = ops::add(h, &ops::multiply(&cube, &c(0.044715)?, s)?, s)?;
-            let t = ops::tanh(&ops::multiply(&inner, &c(0.7978845608028654)?, s)?, s)?;
-            ops::multiply(&ops::multiply(h, &c(0.5)?, s)?, &ops::add(&t, &c(1.0)?, s)?, s)?
-        }
+        Act::Plain(a) => a.apply(h, s)?,
         Act::SwiGlu { alpha, beta, limit } => {
             let shape = h.shape();
             let n = *shape.last().unwrap_or(&0);
@@ -268,11 +263,10 @@ fn activate(h: &Array, act: Act, s: &Stream) -> Result<Array> {
 }
 
 /// `x` (`[T, k, 1, in]`, or `[T, 1, 1, in]` shared by the row's experts) times each picked
-/// expert's `w^T` (`w` `[E, out, in]`), plus its bias: `[T, k, 1, out]` in `x`'s type. (The
-/// product is taken in float32, which MLX's gathered matmul requires, and rounded.)
-fn expert_product(x: &Array, w: &Array, bias: Option<&Array>, experts: &Array, s: &Stream) -> Result<Array> {
-    let wt = ops::transpose_axes(&f32_of(w, s)?, &[0, 2, 1], s)?;
-    let y = ops::astype(&ops::gather_mm(&f32_of(x, s)?, &wt, None, Some(experts), s)?, x.dtype(), s)?;
+/// expert's matrix of `wt` (float32 `[E, in, out]`), plus its bias: `[T, k, 1, out]` in `x`'s
+/// type. (The product is taken in float32, which MLX's gathered matmul requires, and rounded.)
+fn expert_product(x: &Array, wt: &Array, bias: Option<&Array>, experts: &Array, s: &Stream) -> Result<Array> {
+    let y = ops::astype(&ops::gather_mm(&f32_of(x, s)?, wt, None, Some(experts), s)?, x.dtype(), s)?;
     Ok(match bias {
         Some(b) => {
             let picked = ops::take(b, experts, 0, s)?;
@@ -282,11 +276,25 @@ fn expert_product(x: &Array, w: &Array, bias: Option<&Array>, experts: &Array, s
     })
 }
 
-fn check_weight(name: &str, w: &Array, e: i64, out: i64, inner: i64) -> Result<()> {
-    if w.shape() != [e, out, inner] {
-        bail!("{name} has shape {:?}; [{e}, {out}, {inner}] expected", w.shape());
+/// `wt` is a weight `[E, out, in]` laid out `[E, in, out]` (see [`expert_weights`]).
+fn check_weight(name: &str, wt: &Array, e: i64, out: i64, inner: i64) -> Result<()> {
+    if wt.shape() != [e, inner, out] {
+        let shape = wt.shape();
+        bail!(
+            "{name} has shape [{}]; [{e}, {out}, {inner}] expected",
+            [0, 2, 1].map(|d| shape.get(d).copied().unwrap_or(0)).map(|d| d.to_string()).join(", ")
+        );
     }
     Ok(())
+}
+
+/// A weight `[E, out, in]` as the gathered products read it: float32 `[E, in, out]`, made once
+/// per session for a constant.
+fn expert_weights(w: &Array, s: &Stream) -> Result<Array> {
+    if w.ndim() != 3 {
+        bail!("an expert weight has shape {:?}; [E, out, in] expected", w.shape());
+    }
+    Ok(ops::contiguous(&ops::transpose_axes(&f32_of(w, s)?, &[0, 2, 1], s)?, s)?)
 }
 
 fn check_bias(name: &str, b: Option<&Array>, e: i64, out: i64) -> Result<()> {
@@ -320,13 +328,17 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             node.attr_int("expert_weight_bits", 4).map_err(Error::new)?,
             node.attr_int("block_size", 0).map_err(Error::new)?
         );
-        let w = ctx.derived_many(&ids, &tag, |args, _| dequantize_all(node, args, zero_points, e, h))?;
+        let w = ctx.derived_many(&ids, &tag, |args, s| {
+            dequantize_all(node, args, zero_points, e, h)?.iter().map(|w| expert_weights(w, s)).collect()
+        })?;
         let [w1, w2] = &w[..] else { bail!("the dequantized weights have {} parts", w.len()) };
         (w1.clone(), w2.clone())
     } else {
-        (ctx.input(slots.fc1)?.clone(), ctx.input(slots.fc2)?.clone())
+        let tag = "MoE expert weights float32 [E, in, out]";
+        (ctx.derived(slots.fc1, tag, expert_weights)?, ctx.derived(slots.fc2, tag, expert_weights)?)
     };
-    let (n1, inter) = (w1.shape().get(1).copied().unwrap_or(0), w2.shape().get(2).copied().unwrap_or(0));
+    // (Laid out [E, in, out].)
+    let (n1, inter) = (w1.shape().get(2).copied().unwrap_or(0), w2.shape().get(1).copied().unwrap_or(0));
     let fused = if matches!(act, Act::SwiGlu { .. }) { 2 } else { 1 };
     check_weight("fc1_experts_weights", &w1, e, fused * inter, h)?;
     check_weight("fc2_experts_weights", &w2, e, h, inter)?;
@@ -340,9 +352,9 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let cast = |a: &Array| -> Result<Array> { Ok(ops::astype(a, compute, s)?) };
     let (b1, b2) = (b1.map(cast).transpose()?, b2.map(cast).transpose()?);
     let input = ops::reshape(&cast(x)?, &[rows, 1, 1, h], s)?;
-    let hidden = expert_product(&input, &cast(&w1)?, b1.as_ref(), &experts, s)?;
+    let hidden = expert_product(&input, &w1, b1.as_ref(), &experts, s)?;
     let hidden = cast(&activate(&f32_of(&hidden, s)?, act, s)?)?;
-    let y = expert_product(&hidden, &cast(&w2)?, b2.as_ref(), &experts, s)?;
+    let y = expert_product(&hidden, &w2, b2.as_ref(), &experts, s)?;
     // [T, k, 1, H] times [T, k, 1, 1], summed over the experts; a dropped expert (weight 0)
     // adds nothing, whatever its output.
     let w = ops::reshape(&weights, &[rows, k, 1, 1], s)?;
