@@ -36,6 +36,8 @@
 #            and the CNNs with host-bound inputs and outputs
 #   kerneltimes a decoder's first generation on an empty kernel cache ($PRESETS), then the
 #            modules MLX compiled in order with the time each took (gpu/kernel_times.py)
+#   attention the EP's one-query attention kernel on and off: gpu/attention_models.py's models
+#            against the CPU EP, the decoders' spans, primitives and bare graph, the native floor
 #   cmd      the command in $GPU_CMD, in this environment (for one-off measurements)
 #   keep     the JIT kernel cache into $OUT/kernels.tar.gz (a later machine can carry it
 #            back: MLX_EP_KERNELS=path/kernels.tar.gz unpacks it before anything runs)
@@ -298,6 +300,28 @@ for s in "${sections[@]}"; do
           ONNXRUNTIME_EP_MLX_VERBOSE=1 timed 240 "cold llm $p" mlx-ep-run llm --preset "$p" --kv device \
           --prompt 128 --steps 32 2>&1 | grep -vE "^\s+step ([3-9]|[12][0-9]|3[0-2]):" | cut -c1-400
         python3 gpu/kernel_times.py "/tmp/mlx-kt-$p" --start "$start"
+      done ;;
+    attention)
+      # The EP's own one-query attention kernel (ONNXRUNTIME_EP_MLX_ATTENTION_KERNEL) on and off:
+      # gpu/attention_models.py's GroupQueryAttention models (built into target/gpu/models by
+      # `cargo xtask gpu-stage`) against the CPU EP, then the decoders ($PRESETS) with the KV in
+      # the EP's memory (primitives per run, bare compiled graph, spans per run), and the native floor.
+      for k in 1 0; do
+        section "attention: kernel=$k, GroupQueryAttention models against the CPU EP"
+        ONNXRUNTIME_EP_MLX_ATTENTION_KERNEL=$k timed 120 "attention models kernel=$k" \
+          python3 gpu/attention_models.py check target/gpu/models
+      done
+      for p in ${PRESETS:-qwen2.5-0.5b-fp16}; do
+        for k in 1 0; do
+          section "attention: decoder $p, KV in the EP's memory, kernel=$k"
+          ONNXRUNTIME_EP_MLX_ATTENTION_KERNEL=$k ONNXRUNTIME_EP_MLX_VERBOSE=1 ONNXRUNTIME_EP_MLX_BARE_REPLAYS=20 \
+            ONNXRUNTIME_EP_MLX_TRACE=$out/trace-$p-k$k.json timed 200 "llm $p kernel=$k" mlx-ep-run llm \
+            --preset "$p" --kv device --prompt 128 --steps 32 --json "/tmp/mlx-gpu/json/attention-$p-k$k.json" 2>&1 \
+            | grep -E "bare compiled|graph per run|decode  |first generation|agree" | cut -c1-400
+          python3 gpu/trace_summary.py "$out/trace-$p-k$k.json"
+        done
+        section "attention: native MLX floor $p"
+        timed 90 "native $p" mlx-ep-bench native --preset "$p" --prompt 128 --steps 32 | grep -E "decode|prefill"
       done ;;
     cmd)
       section "command: $GPU_CMD"

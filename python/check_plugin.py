@@ -304,6 +304,82 @@ def kv_child():
     return 0
 
 
+def gqa_static_model():
+    """One decode step of GroupQueryAttention over a static KV buffer of 6 rows."""
+    f = TensorProto.FLOAT
+    node = helper.make_node(
+        "GroupQueryAttention",
+        ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"],
+        ["output", "present_key", "present_value"],
+        name="gqa",
+        domain="com.microsoft",
+        num_heads=2,
+        kv_num_heads=1,
+    )
+    graph = helper.make_graph(
+        [node],
+        "gqa",
+        [
+            helper.make_tensor_value_info("query", f, [1, 1, 16]),
+            helper.make_tensor_value_info("key", f, [1, 1, 8]),
+            helper.make_tensor_value_info("value", f, [1, 1, 8]),
+            helper.make_tensor_value_info("past_key", f, [1, 1, 6, 8]),
+            helper.make_tensor_value_info("past_value", f, [1, 1, 6, 8]),
+            helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+            helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+        ],
+        [
+            helper.make_tensor_value_info("output", f, [1, 1, 16]),
+            helper.make_tensor_value_info("present_key", f, [1, 1, 6, 8]),
+            helper.make_tensor_value_info("present_value", f, [1, 1, 6, 8]),
+        ],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
+def test_gqa_shared_buffer_then_plain_runs():
+    """A run whose present is bound to past's buffer leaves the present out of its evaluation
+    (only the new rows are written); a later run whose present ORT allocates apart must still
+    get the whole present."""
+    m = gqa_static_model()
+    s, cpu = mlx_session(m), cpu_session(m)
+    assert assigned(s) == {"gqa": EP}, assigned(s)
+    rng = np.random.default_rng(3)
+    keys = rng.standard_normal((1, 1, 6, 8)).astype(np.float32)
+    values = rng.standard_normal((1, 1, 6, 8)).astype(np.float32)
+    k_cache, v_cache = ort.OrtValue.ortvalue_from_numpy(keys.copy()), ort.OrtValue.ortvalue_from_numpy(values.copy())
+    for step, shared in enumerate([True, True, True, False, True, False, False]):
+        feeds = {
+            "query": rng.standard_normal((1, 1, 16)).astype(np.float32),
+            "key": rng.standard_normal((1, 1, 8)).astype(np.float32),
+            "value": rng.standard_normal((1, 1, 8)).astype(np.float32),
+            "seqlens_k": np.array([step % 5], np.int32),
+            "total_sequence_length": np.array(step % 5 + 1, np.int32),
+        }
+        want = cpu.run(None, dict(feeds, past_key=k_cache.numpy(), past_value=v_cache.numpy()))
+        if shared:
+            binding = s.io_binding()
+            for name, value in feeds.items():
+                binding.bind_cpu_input(name, value)
+            binding.bind_ortvalue_input("past_key", k_cache)
+            binding.bind_ortvalue_input("past_value", v_cache)
+            binding.bind_output("output")
+            binding.bind_ortvalue_output("present_key", k_cache)
+            binding.bind_ortvalue_output("present_value", v_cache)
+            s.run_with_iobinding(binding)
+            got = [binding.copy_outputs_to_cpu()[0], k_cache.numpy(), v_cache.numpy()]
+        else:
+            got = s.run(None, dict(feeds, past_key=k_cache.numpy(), past_value=v_cache.numpy()))
+            k_cache, v_cache = ort.OrtValue.ortvalue_from_numpy(got[1]), ort.OrtValue.ortvalue_from_numpy(got[2])
+        # (ORT defines the present's rows up to the total length; past them its CPU EP leaves zeros.)
+        t = step % 5 + 1
+        got, want = [got[0], got[1][:, :, :t], got[2][:, :, :t]], [want[0], want[1][:, :, :t], want[2][:, :, :t]]
+        for name, g, w in zip(["output", "present_key", "present_value"], got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=f"step {step} ({'shared' if shared else 'plain'}): {name}")
+
+
 def memo_child():
     """With inputs copied (as on GPUs), an unchanged input is not copied again, and one changed
     in place between runs is seen."""
@@ -357,6 +433,7 @@ def main():
     check("If whose branch has an unsupported node stays on CPU and matches", test_if_with_an_unsupported_branch_node_stays_on_cpu)
     check("KV cache update (TensorScatter): plain run and past/present sharing one buffer", test_kv_cache_update)
     check("shared KV buffer: only the changed rows are copied", test_kv_cache_shared_buffer_copies_only_changed_rows)
+    check("GroupQueryAttention: shared-buffer runs and plain runs in turn, each whole", test_gqa_shared_buffer_then_plain_runs)
     check("int4/uint4 blocked DequantizeLinear on MLX", test_int4_dequantize)
     check("int4/uint4 blocked QuantizeLinear on MLX, packed into ORT's output", test_int4_quantize)
     check("copied inputs: unchanged ones reused, ones changed in place seen", test_unchanged_inputs_are_not_copied_again)

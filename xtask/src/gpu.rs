@@ -37,6 +37,11 @@ pub fn stage(args: &[String]) -> Result {
         let to = bin.join(name);
         util::run(Command::new("strip").arg("-o").arg(&to).arg(&from))?;
     }
+    step("writing the GPU checks' models into target/gpu/models (gpu/attention_models.py)");
+    let models = gpu.join("models");
+    util::run(
+        Command::new(util::venv_python()).arg(util::root().join("gpu/attention_models.py")).arg("build").arg(&models),
+    )?;
     step("laying out the MLX CUDA runtime in parts (stage.sh)");
     util::run(Command::new("bash").arg(&stage_sh).arg(gpu.join("stage")).env("PYTHON", util::venv_python()))?;
     let size = |p: &PathBuf| -> u64 {
@@ -53,8 +58,12 @@ pub fn stage(args: &[String]) -> Result {
     let n = parts.len();
     for (i, p) in parts.iter().enumerate() {
         let rel = p.strip_prefix(util::root()).unwrap_or(p).display().to_string();
-        let carry = if i + 1 == n { format!("[\"{rel}\", \"target/gpu/bin\"]") } else { format!("[\"{rel}\"]") };
-        let extra = if i + 1 == n { size(&bin) } else { 0 };
+        let carry = if i + 1 == n {
+            format!("[\"{rel}\", \"target/gpu/bin\", \"target/gpu/models\"]")
+        } else {
+            format!("[\"{rel}\"]")
+        };
+        let extra = if i + 1 == n { size(&bin) + size(&models) } else { 0 };
         println!(
             "  carry {carry}  ({:.1} MB)  command: bash gpu/run.sh {}",
             (size(p) + extra) as f64 / 1e6,

@@ -263,6 +263,15 @@ pub const TEST_GPU_FORMS: Setting = Setting {
     doc: "build the lowerings' GPU forms on the CPU too (fused RMS norm, one query token through MLX's fused attention kernel with the key mask carried in the head dimension, half-type quantized matmuls): for testing them where CI runs and for counting a GPU graph's primitives",
 };
 
+pub const ATTENTION_KERNEL: Setting = Setting {
+    key: None,
+    env: "ONNXRUNTIME_EP_MLX_ATTENTION_KERNEL",
+    kind: Kind::Switch,
+    default: "1",
+    process_wide: true,
+    doc: "on CUDA, one query token's masked attention (a decode step over a static KV buffer) as the EP's own kernel, one launch per layer; off: MLX's fused kernel with the key mask carried in the head dimension (three concatenations and a copy more per layer)",
+};
+
 /// Every setting, in the README's order.
 pub const ALL: &[&Setting] = &[
     &DEVICE,
@@ -281,6 +290,7 @@ pub const ALL: &[&Setting] = &[
     &GRAPH_DIR,
     &BARE_REPLAYS,
     &HOST_COPY,
+    &ATTENTION_KERNEL,
     &TEST_GPU_FORMS,
 ];
 

@@ -16,6 +16,7 @@ mod key_mask;
 mod lone;
 mod mrotary_embedding;
 mod multi_head_attention;
+mod one_query;
 mod packed_attention;
 mod rotary;
 mod rotary_embedding;

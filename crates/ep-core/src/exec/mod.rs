@@ -75,7 +75,8 @@ pub struct PlanOutput {
 
 /// The evaluated result of a partition run.
 pub struct RunOutputs {
-    /// One array per partition output, in ORT's dtypes, evaluated.
+    /// One array per partition output, in ORT's dtypes, evaluated (but for one the last run
+    /// wrote in place as rows, see [`Plan::note_in_place`]: copy-out evaluates it if need be).
     pub outputs: Vec<Array>,
     /// Outputs that are inputs with some rows changed, evaluated and row-contiguous.
     pub write_backs: Vec<WriteBack>,
@@ -105,6 +106,10 @@ pub struct Plan {
     decode: Mutex<DecodeState>,
     /// Which of its graphs are traced with fused kernels (the session's `fuse` option).
     fusion: crate::mlx::device::Fusion,
+    /// Per output: whether the last run wrote it in place as changed rows (ORT bound it to the
+    /// buffer of the input it updates). Such an output is left out of the next evaluation
+    /// (only its rows are needed); copy-out evaluates it after all where that guess fails.
+    in_place: Vec<std::sync::atomic::AtomicBool>,
 }
 
 impl Plan {
@@ -202,6 +207,7 @@ impl Plan {
             cpu: Stream::cpu()?,
             stats: Arc::clone(&stats),
         };
+        let num_outputs = translation.outputs.len();
         Ok(Plan {
             translation: Arc::new(translation),
             stream: Stream::default_device()?,
@@ -211,7 +217,21 @@ impl Plan {
             exact_first: Mutex::default(),
             decode: Mutex::new(DecodeState::default()),
             fusion: crate::mlx::device::fusion_for(None),
+            in_place: (0..num_outputs).map(|_| Default::default()).collect(),
         })
+    }
+
+    /// Records whether output `i` was written in place as changed rows this run (see
+    /// [`Plan::run`]'s evaluation).
+    pub fn note_in_place(&self, i: usize, in_place: bool) {
+        if let Some(flag) = self.in_place.get(i) {
+            flag.store(in_place, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether output `i` was written in place as changed rows on the last run.
+    pub(super) fn was_in_place(&self, i: usize) -> bool {
+        self.in_place.get(i).is_some_and(|f| f.load(Ordering::Relaxed))
     }
 
     /// Traces this plan's graphs with fused kernels as `fusion` says.

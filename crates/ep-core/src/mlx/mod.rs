@@ -16,6 +16,7 @@ pub mod device;
 mod dtype;
 mod fast;
 mod host_copy;
+pub mod kernel;
 pub mod ops;
 pub mod random;
 mod slicing;

@@ -332,3 +332,35 @@ fn host_f32_reads_host_values_as_mlx_converts_them() {
     let ints = Array::from_slice(&[1i32, 2], &[2]).unwrap();
     assert!(ints.host_f32().is_none());
 }
+
+/// Without MLX's CUDA backend a custom CUDA kernel is an error as a result (the lowerings
+/// that use one check `device::is_cuda` first), never an abort of the host.
+#[test]
+fn a_cuda_kernel_without_cuda_is_an_error() {
+    use kernel::{CudaKernel, Launch, TemplateArg};
+    let _g = lock();
+    if device::is_cuda() {
+        return;
+    }
+    let x = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+    let made = CudaKernel::new("mlx_ep_test_copy", &["x"], &["y"], "y[threadIdx.x] = x[threadIdx.x];", true);
+    let err = match made {
+        Err(e) => e,
+        Ok(k) => {
+            let launch = Launch {
+                outputs: &[(&[2], Dtype::F32)],
+                grid: [2, 1, 1],
+                block: [2, 1, 1],
+                constants: &[("T", TemplateArg::Dtype(Dtype::F32)), ("N", TemplateArg::Int(2))],
+            };
+            match k.apply(&[&x], &launch, &Stream::default_device().unwrap()).and_then(|y| {
+                VectorArray::from_arrays(&y)?.eval()?;
+                Ok(y)
+            }) {
+                Err(e) => e,
+                Ok(_) => panic!("a CUDA kernel ran without CUDA"),
+            }
+        }
+    };
+    assert!(!err.0.is_empty());
+}

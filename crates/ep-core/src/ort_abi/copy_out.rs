@@ -42,8 +42,11 @@ pub(super) fn write_outputs(
             };
             plan.stats().written_back_bytes.fetch_add(written as u64, Ordering::Relaxed);
             plan.stats().aliased_bytes_not_copied.fetch_add((size - written) as u64, Ordering::Relaxed);
+            plan.note_in_place(i, true);
             continue;
         }
+        // (Evaluated here if the run left it out, guessing it would be written in place.)
+        plan.note_in_place(i, false);
         let buf: &mut [u8] = if size == 0 {
             &mut []
         } else {
