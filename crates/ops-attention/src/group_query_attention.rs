@@ -418,7 +418,8 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     if g.seq == 1 && window < 0 && bias.is_none() && softcap <= 0.0 && !sink && key_mask::serves(dtype) {
         // A static buffer on CUDA: the EP's kernel reads past's rows and the new row in its
         // place, so the present is only an output (written in place as rows, see above).
-        if let (true, Some(pk), Some(pv)) = (crate::one_query::serves() && present_len == past_len, &past_k, &past_v) {
+        let fits = !shapeless && present_len == past_len && crate::one_query::serves();
+        if let (true, Some(pk), Some(pv)) = (fits, &past_k, &past_v) {
             let at = ops::reshape(&past_b, &[g.batch], s)?;
             let keys = crate::one_query::Keys::Replaced { past: (pk, pv), new: (&k, &v), at: &at };
             if let Some(y) = crate::one_query::attend(&q, keys, &allowed, scale, s)? {

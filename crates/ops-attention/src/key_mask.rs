@@ -40,8 +40,11 @@ pub(crate) fn attend(
     shapeless: bool,
     s: &Stream,
 ) -> Result<Option<Array>> {
-    // On CUDA the EP's own kernel reads the mask itself: one launch, nothing padded.
-    if crate::one_query::serves()
+    // On CUDA the EP's own kernel reads the mask itself: one launch, nothing padded (in fixed
+    // shapes: a shapeless replay asks each primitive for its shapes, which a custom kernel's
+    // cannot give).
+    if !shapeless
+        && crate::one_query::serves()
         && let Some(y) = crate::one_query::attend(q, crate::one_query::Keys::Whole(k, v), allowed, scale, s)?
     {
         return Ok(Some(y));

@@ -8,7 +8,8 @@
 //! `D / 32` of the head's values; a warp keeps a running maximum, sum and weighted values
 //! (online softmax) in float32, and the block merges its warps' at the end. The scores are
 //! `(q * scale) . k` in float32, as MLX's fused kernel computes them; a masked key is skipped
-//! (weight exactly 0), a query that sees no key gets zeros.
+//! (weight exactly 0), a query that sees no key gets zeros. Fixed shapes only: a shapeless
+//! replay asks every primitive for its output shapes, which a custom kernel cannot give.
 
 use ep_core::Result;
 use ep_core::mlx::kernel::{CudaKernel, Launch, TemplateArg};
