@@ -206,6 +206,10 @@ pub enum Compare {
     /// with enough samples means and spreads alike (within a few standard errors): outputs of
     /// random generators, which no two runtimes draw alike.
     Distribution,
+    /// Element by element, the absolute tolerance this many times the type's: outputs each of
+    /// which sums many products (a long transform), whose rounding grows with the terms on
+    /// either EP.
+    Summed(u32),
 }
 
 impl Compare {
@@ -347,6 +351,12 @@ impl Case {
     /// Compares the outputs as samples of a distribution (see [`Compare::Distribution`]).
     pub fn distribution(mut self) -> Case {
         self.compare = Compare::Distribution;
+        self
+    }
+
+    /// Compares values with `k` times the type's absolute tolerance (see [`Compare::Summed`]).
+    pub fn summed(mut self, k: u32) -> Case {
+        self.compare = Compare::Summed(k);
         self
     }
 

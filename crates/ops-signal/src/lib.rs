@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 mod dft;
+mod large;
 mod matrix;
 mod stft;
 mod window;
