@@ -2,7 +2,7 @@
 //! emit), where inputs and outputs are tensors: Binarizer, Scaler, Normalizer,
 //! ArrayFeatureExtractor, LinearRegressor, LinearClassifier (int64 labels), Imputer, OneHotEncoder, LabelEncoder,
 //! FeatureVectorizer, TreeEnsembleRegressor, TreeEnsembleClassifier (int64 labels, three classes or more), TreeEnsemble,
-//! SVMRegressor.
+//! SVMRegressor, SVMClassifier (int64 labels, no probability estimates).
 //! Ops with string inputs or outputs stay on ORT's CPU EP.
 //!
 //! # Adding a lowering
@@ -17,6 +17,7 @@ mod feature_extractor;
 mod linear;
 mod scale;
 mod svm;
+mod svm_classifier;
 mod tree;
 mod tree_classifier;
 mod tree_v5;

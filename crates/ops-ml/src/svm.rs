@@ -11,18 +11,81 @@ use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{AttrValue, CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kernel {
+pub(crate) enum Kernel {
     Linear,
     Poly,
     Rbf,
     Sigmoid,
 }
 
-struct Svm<'a> {
-    kernel: Kernel,
+/// An SVM's kernel and its `kernel_params` (`[gamma, coef0, degree]`, zeros when empty).
+#[derive(Clone, Copy)]
+pub(crate) struct KernelOf {
+    pub kernel: Kernel,
     gamma: f32,
     coef0: f32,
     degree: f32,
+}
+
+impl KernelOf {
+    /// `kernel_type` and `kernel_params` as ORT reads them (the attribute is required; an
+    /// empty list keeps its zeros, a shorter one is refused).
+    pub(crate) fn of(node: &NodeInfo) -> std::result::Result<KernelOf, String> {
+        let kernel = match node.attr("kernel_type") {
+            None => Kernel::Linear,
+            Some(AttrValue::String(k)) => match k.as_str() {
+                "LINEAR" => Kernel::Linear,
+                "POLY" => Kernel::Poly,
+                "RBF" => Kernel::Rbf,
+                "SIGMOID" => Kernel::Sigmoid,
+                other => return Err(format!("kernel_type={other} is unknown")),
+            },
+            Some(other) => return Err(format!("kernel_type={other:?} is not a string")),
+        };
+        let params = match node.attr("kernel_params") {
+            Some(AttrValue::Floats(p)) if p.is_empty() || p.len() >= 3 => p.as_slice(),
+            other => return Err(format!("kernel_params={other:?} (three values, [gamma, coef0, degree], are needed)")),
+        };
+        let param = |i: usize| params.get(i).copied().unwrap_or(0.0);
+        Ok(KernelOf { kernel, gamma: param(0), coef0: param(1), degree: param(2) })
+    }
+
+    /// `K(x_n, sv_v)`, `[N, vectors]`, for `x` `[N, F]` and the support vectors `[vectors, F]`.
+    pub(crate) fn matrix(&self, x: &Array, sv: &Array, s: &Stream) -> Result<Array> {
+        let (rows, vectors, features) = (x.shape()[0], sv.shape()[0], x.shape()[1]);
+        Ok(match self.kernel {
+            Kernel::Rbf => {
+                // Differences first (as ORT sums them) while `[N, vectors, F]` stays small;
+                // larger, |x|^2 + |sv|^2 - 2 x . sv (a few ulps apart where x is near sv).
+                let sq = if rows.saturating_mul(vectors).saturating_mul(features) <= RBF_DIFFERENCES_MAX {
+                    let d = ops::subtract(&ops::expand_dims(x, 1, s)?, &ops::expand_dims(sv, 0, s)?, s)?;
+                    ops::sum_axes(&ops::multiply(&d, &d, s)?, &[2], false, s)?
+                } else {
+                    let xx = ops::sum_axes(&ops::multiply(x, x, s)?, &[1], true, s)?;
+                    let vv = ops::sum_axes(&ops::multiply(sv, sv, s)?, &[1], false, s)?;
+                    let dot = ops::matmul(x, &ops::transpose_axes(sv, &[1, 0], s)?, s)?;
+                    let sq = ops::subtract(&ops::add(&xx, &vv, s)?, &ops::multiply(&dot, &scalar(2.0, s)?, s)?, s)?;
+                    ops::maximum(&sq, &scalar(0.0, s)?, s)?
+                };
+                ops::exp(&ops::multiply(&sq, &scalar(-self.gamma, s)?, s)?, s)?
+            }
+            kernel => {
+                let dot = ops::matmul(x, &ops::transpose_axes(sv, &[1, 0], s)?, s)?;
+                let affine = || -> Result<Array> {
+                    Ok(ops::add(&ops::multiply(&dot, &scalar(self.gamma, s)?, s)?, &scalar(self.coef0, s)?, s)?)
+                };
+                match kernel {
+                    Kernel::Poly => ops::power(&affine()?, &scalar(self.degree, s)?, s)?,
+                    Kernel::Sigmoid => ops::tanh(&affine()?, s)?,
+                    _ => dot,
+                }
+            }
+        })
+    }
+}
+
+struct Svm<'a> {
+    kernel: KernelOf,
     vectors: i64,
     support: &'a [f32],
     coefficients: &'a [f32],
@@ -36,23 +99,7 @@ fn svm(node: &NodeInfo) -> std::result::Result<Svm<'_>, String> {
         Some(AttrValue::String(t)) if t == "NONE" => {}
         Some(other) => return Err(format!("post_transform={other:?} is not supported (NONE is)")),
     }
-    let kernel = match node.attr("kernel_type") {
-        None => Kernel::Linear,
-        Some(AttrValue::String(k)) => match k.as_str() {
-            "LINEAR" => Kernel::Linear,
-            "POLY" => Kernel::Poly,
-            "RBF" => Kernel::Rbf,
-            "SIGMOID" => Kernel::Sigmoid,
-            other => return Err(format!("kernel_type={other} is unknown")),
-        },
-        Some(other) => return Err(format!("kernel_type={other:?} is not a string")),
-    };
-    // (ORT requires the attribute; an empty list keeps its zeros, a shorter one is refused.)
-    let params = match node.attr("kernel_params") {
-        Some(AttrValue::Floats(p)) if p.is_empty() || p.len() >= 3 => p.as_slice(),
-        other => return Err(format!("kernel_params={other:?} (three values, [gamma, coef0, degree], are needed)")),
-    };
-    let param = |i: usize, default: f32| params.get(i).copied().unwrap_or(default);
+    let mut kernel = KernelOf::of(node)?;
     let vectors = node.attr_int("n_supports", 0)?;
     let (support, coefficients) = (floats(node, "support_vectors"), floats(node, "coefficients"));
     let rho = floats(node, "rho");
@@ -72,18 +119,11 @@ fn svm(node: &NodeInfo) -> std::result::Result<Svm<'_>, String> {
             coefficients.len()
         ));
     }
-    Ok(Svm {
-        // Without support vectors the model is linear whatever the kernel named.
-        kernel: if vectors == 0 { Kernel::Linear } else { kernel },
-        gamma: param(0, 0.0),
-        coef0: param(1, 0.0),
-        degree: param(2, 0.0),
-        vectors,
-        support,
-        coefficients,
-        rho: rho[0],
-        one_class: node.attr_int("one_class", 0)? != 0,
-    })
+    // Without support vectors the model is linear whatever the kernel named.
+    if vectors == 0 {
+        kernel.kernel = Kernel::Linear;
+    }
+    Ok(Svm { kernel, vectors, support, coefficients, rho: rho[0], one_class: node.attr_int("one_class", 0)? != 0 })
 }
 
 fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -105,7 +145,7 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
 /// float32).
 const RBF_DIFFERENCES_MAX: i64 = 1 << 24;
 
-fn scalar(v: f32, s: &Stream) -> Result<Array> {
+pub(crate) fn scalar(v: f32, s: &Stream) -> Result<Array> {
     Ok(ops::scalar(f64::from(v), Dtype::F32, s)?)
 }
 
@@ -125,35 +165,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         }
         let sv = Array::from_slice(m.support, &[m.vectors, features])?;
         // [N, vectors]
-        let k = match m.kernel {
-            Kernel::Rbf => {
-                // Differences first (as ORT sums them) while `[N, vectors, F]` stays small;
-                // larger, |x|^2 + |sv|^2 - 2 x . sv (a few ulps apart where x is near sv).
-                let rows = x.shape()[0];
-                let sq = if rows.saturating_mul(m.vectors).saturating_mul(features) <= RBF_DIFFERENCES_MAX {
-                    let d = ops::subtract(&ops::expand_dims(x, 1, s)?, &ops::expand_dims(&sv, 0, s)?, s)?;
-                    ops::sum_axes(&ops::multiply(&d, &d, s)?, &[2], false, s)?
-                } else {
-                    let xx = ops::sum_axes(&ops::multiply(x, x, s)?, &[1], true, s)?;
-                    let vv = ops::sum_axes(&ops::multiply(&sv, &sv, s)?, &[1], false, s)?;
-                    let dot = ops::matmul(x, &ops::transpose_axes(&sv, &[1, 0], s)?, s)?;
-                    let sq = ops::subtract(&ops::add(&xx, &vv, s)?, &ops::multiply(&dot, &scalar(2.0, s)?, s)?, s)?;
-                    ops::maximum(&sq, &scalar(0.0, s)?, s)?
-                };
-                ops::exp(&ops::multiply(&sq, &scalar(-m.gamma, s)?, s)?, s)?
-            }
-            kernel => {
-                let dot = ops::matmul(x, &ops::transpose_axes(&sv, &[1, 0], s)?, s)?;
-                let affine = || -> Result<Array> {
-                    Ok(ops::add(&ops::multiply(&dot, &scalar(m.gamma, s)?, s)?, &scalar(m.coef0, s)?, s)?)
-                };
-                match kernel {
-                    Kernel::Poly => ops::power(&affine()?, &scalar(m.degree, s)?, s)?,
-                    Kernel::Sigmoid => ops::tanh(&affine()?, s)?,
-                    _ => dot,
-                }
-            }
-        };
+        let k = m.kernel.matrix(x, &sv, s)?;
         ops::matmul(&k, &Array::from_slice(m.coefficients, &[m.vectors, 1])?, s)?
     };
     let y = ops::add(&sum, &scalar(m.rho, s)?, s)?;
