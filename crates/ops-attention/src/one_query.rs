@@ -23,7 +23,7 @@ const WARPS: i32 = 4;
 /// key row `at[b]` of entry `b` is read from `k_new`/`v_new` (`[B, kv_heads, 1, H]`) instead
 /// (`-1`: none); `T`, `D` and `W` are the launch's constants. (A changed body needs a new name:
 /// MLX caches modules by it.)
-const NAME: &str = "mlx_ep_one_query_attention_v2";
+const NAME: &str = "mlx_ep_one_query_attention_v3";
 const BODY: &str = r#"
   constexpr int PER = D / 32;
   const int h = blockIdx.x;
@@ -40,7 +40,7 @@ const BODY: &str = r#"
   const T* vp = v + b * v_strides[0] + kh * v_strides[1];
   const T* knp = k_new + b * k_new_strides[0] + kh * k_new_strides[1];
   const T* vnp = v_new + b * v_new_strides[0] + kh * v_new_strides[1];
-  const int row = at[b];
+  const int row = at[b * at_strides[0]];
   const bool* ap = allowed + b * allowed_strides[0];
   float qv[PER];
   float acc[PER];
@@ -64,9 +64,11 @@ const BODY: &str = r#"
     for (int o = 16; o > 0; o /= 2) {
       d += __shfl_xor_sync(0xffffffff, d, o);
     }
+    // (A score of -inf weighs 0, as a masked key does; before any finite score the running
+    // maximum is -inf, and so is `mn`.)
     const float mn = fmaxf(m, d);
-    const float c = expf(m - mn);
-    const float p = expf(d - mn);
+    const float c = m == -inf ? 0.0f : expf(m - mn);
+    const float p = d == -inf ? 0.0f : expf(d - mn);
     l = l * c + p;
     const T* vr = fresh ? vnp : vp + j * v_strides[2];
     const int64_t vs = fresh ? v_new_strides[3] : v_strides[3];
@@ -155,6 +157,7 @@ pub(crate) fn attend(q: &Array, keys: Keys<'_>, allowed: &Array, scale: f32, s: 
     let dtype = q.dtype();
     let fits = qs.len() == 4
         && ks.len() == 4
+        && qs.iter().chain(&ks).all(|&d| d > 0)
         && v.shape() == ks
         && qs[2] == 1
         && qs[0] == ks[0]

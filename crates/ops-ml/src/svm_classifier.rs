@@ -63,6 +63,10 @@ fn model(node: &NodeInfo) -> std::result::Result<Model<'_>, String> {
     if labels.is_empty() {
         return Err("no classlabels_ints".into());
     }
+    if labels.len() > MAX_CLASSES {
+        // (The votes are counted through [pairs, classes] tables, cubic in the classes.)
+        return Err(format!("{} classes; the MLX EP takes at most {MAX_CLASSES}", labels.len()));
+    }
     let per_class = ints(node, "vectors_per_class");
     let (support, coefficients, rho) =
         (floats(node, "support_vectors"), floats(node, "coefficients"), floats(node, "rho"));
@@ -102,6 +106,9 @@ fn model(node: &NodeInfo) -> std::result::Result<Model<'_>, String> {
     }
     Ok(m)
 }
+
+/// The most classes a model may have.
+const MAX_CLASSES: usize = 256;
 
 const INPUTS: &[ElemType] = &[ElemType::F32, ElemType::I32, ElemType::I64];
 

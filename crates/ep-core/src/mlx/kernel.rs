@@ -38,15 +38,15 @@ unsafe impl Send for CudaKernel {}
 // SAFETY: as above.
 unsafe impl Sync for CudaKernel {}
 
-fn strings(names: &[&str]) -> Result<mlx_sys::mlx_vector_string> {
-    let owned: Vec<CString> = names
-        .iter()
-        .map(|n| CString::new(*n))
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| MlxError(e.to_string()))?;
-    let ptrs: Vec<*const std::ffi::c_char> = owned.iter().map(|c| c.as_ptr()).collect();
+fn c_string(s: &str) -> Result<CString> {
+    CString::new(s).map_err(|e| MlxError(format!("{s:?}: {e}")))
+}
+
+/// An mlx-c vector of `names` (to free with `mlx_vector_string_free`).
+fn strings(names: &[CString]) -> mlx_sys::mlx_vector_string {
+    let ptrs: Vec<*const std::ffi::c_char> = names.iter().map(|c| c.as_ptr()).collect();
     // SAFETY: `ptrs` holds `ptrs.len()` NUL-terminated strings alive for the call; mlx-c copies them.
-    Ok(unsafe { mlx_sys::mlx_vector_string_new_data(ptrs.as_ptr().cast_mut(), ptrs.len()) })
+    unsafe { mlx_sys::mlx_vector_string_new_data(ptrs.as_ptr().cast_mut(), ptrs.len()) }
 }
 
 impl CudaKernel {
@@ -55,9 +55,11 @@ impl CudaKernel {
     /// `name_strides`).
     pub fn new(name: &str, inputs: &[&str], outputs: &[&str], body: &str, contiguous: bool) -> Result<CudaKernel> {
         init();
-        let (ins, outs) = (strings(inputs)?, strings(outputs)?);
-        let c = |s: &str| CString::new(s).map_err(|e| MlxError(e.to_string()));
-        let (name, body, header) = (c(name)?, c(body)?, c("")?);
+        // (Every string made before any mlx-c object: an error leaves nothing to free.)
+        let names = |v: &[&str]| v.iter().map(|n| c_string(n)).collect::<Result<Vec<_>>>();
+        let (inputs, outputs) = (names(inputs)?, names(outputs)?);
+        let (name, body, header) = (c_string(name)?, c_string(body)?, c_string("")?);
+        let (ins, outs) = (strings(&inputs), strings(&outputs));
         // SAFETY: every argument is a valid handle or NUL-terminated string for the call; the
         // vectors are freed below, the kernel handle by `Drop`.
         let k = unsafe {
@@ -103,7 +105,7 @@ impl CudaKernel {
                 let [bx, by, bz] = launch.block;
                 check(mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(cfg, bx, by, bz))?;
                 for (name, arg) in launch.constants {
-                    let name = CString::new(*name).map_err(|e| MlxError(e.to_string()))?;
+                    let name = c_string(name)?;
                     check(match *arg {
                         TemplateArg::Dtype(d) => {
                             mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(cfg, name.as_ptr(), d.to_raw())
