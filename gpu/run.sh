@@ -321,7 +321,7 @@ for s in "${sections[@]}"; do
           python3 gpu/trace_summary.py "$out/trace-$p-k$k.json"
         done
         section "attention: decoder $p, KV in the EP's memory, kernel=1, untraced"
-        timed 200 "llm $p untraced" mlx-ep-run llm --preset "$p" --kv device --prompt 128 --steps 32 \
+        ONNXRUNTIME_EP_MLX_ATTENTION_KERNEL=1 timed 200 "llm $p untraced" mlx-ep-run llm --preset "$p" --kv device --prompt 128 --steps 32 \
           --json "/tmp/mlx-gpu/json/attention-$p-plain.json" 2>&1 | grep -E "prefill|decode  |agree"
         section "attention: native MLX floor $p"
         timed 90 "native $p" mlx-ep-bench native --preset "$p" --prompt 128 --steps 32 | grep -E "decode|prefill"

@@ -267,9 +267,9 @@ pub const ATTENTION_KERNEL: Setting = Setting {
     key: None,
     env: "ONNXRUNTIME_EP_MLX_ATTENTION_KERNEL",
     kind: Kind::Switch,
-    default: "1",
+    default: "0",
     process_wide: true,
-    doc: "on CUDA, one query token's masked attention (a decode step over a static KV buffer) as the EP's own kernel, one launch per layer; off: MLX's fused kernel with the key mask carried in the head dimension (three concatenations and a copy more per layer)",
+    doc: "on CUDA, one query token's masked attention (a decode step over a static KV buffer) as the EP's own kernel, one launch per layer, instead of MLX's fused kernel with the key mask carried in the head dimension (three concatenations and a copy more per layer). Off by default until it has run on a GPU (`gpu/run.sh attention` checks and measures it)",
 };
 
 /// Every setting, in the README's order.

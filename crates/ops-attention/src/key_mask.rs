@@ -10,7 +10,8 @@
 //! off. The kernel keeps its running maximum finite, so a key scored -inf weighs exactly 0,
 //! and every kept product is the one the unpadded attention computes: the result is the masked
 //! attention's. The head dimension grows to the next size MLX's kernel has (64, 96, 128).
-//! On MLX's CUDA backend the EP's own kernel ([`crate::one_query`]) takes the mask instead.
+//! On MLX's CUDA backend the EP's own kernel ([`crate::one_query`]), where asked for, takes
+//! the mask instead.
 
 use crate::heads;
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -40,9 +41,9 @@ pub(crate) fn attend(
     shapeless: bool,
     s: &Stream,
 ) -> Result<Option<Array>> {
-    // On CUDA the EP's own kernel reads the mask itself: one launch, nothing padded (in fixed
-    // shapes: a shapeless replay asks each primitive for its shapes, which a custom kernel's
-    // cannot give).
+    // On CUDA, where asked for, the EP's own kernel reads the mask itself: one launch,
+    // nothing padded (in fixed shapes: a shapeless replay asks each primitive for its shapes,
+    // which a custom kernel's cannot give).
     if !shapeless
         && crate::one_query::serves()
         && let Some(y) = crate::one_query::attend(q, crate::one_query::Keys::Whole(k, v), allowed, scale, s)?

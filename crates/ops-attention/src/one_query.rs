@@ -2,7 +2,9 @@
 //! the EP's own: a decode step over a static KV buffer. MLX's fused one-query kernel takes no
 //! mask, so [`crate::key_mask`] carries it in the head dimension (three concatenations before
 //! the kernel and a copy after it, per layer); on MLX's CUDA backend this kernel reads the
-//! mask itself, in one launch.
+//! mask itself, in one launch. It is behind `ONNXRUNTIME_EP_MLX_ATTENTION_KERNEL` (off by
+//! default) until `gpu/run.sh attention` has checked it on a GPU: no GPU was lent the
+//! session that wrote it.
 //!
 //! One block per (query head, batch entry): its warps take every `W`-th key, each lane holding
 //! `D / 32` of the head's values; a warp keeps a running maximum, sum and weighted values
@@ -112,7 +114,8 @@ const BODY: &str = r#"
   }
 "#;
 
-/// Whether this kernel serves here: on MLX's CUDA backend, unless the setting turns it off.
+/// Whether this kernel serves here: on MLX's CUDA backend, where the setting
+/// (`ONNXRUNTIME_EP_MLX_ATTENTION_KERNEL`, off by default until it has run on a GPU) turns it on.
 pub(crate) fn serves() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     device::is_cuda() && *ON.get_or_init(|| ep_core::options::ATTENTION_KERNEL.env_on())
