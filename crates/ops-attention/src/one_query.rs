@@ -25,9 +25,10 @@ const WARPS: i32 = 4;
 /// key row `at[b]` of entry `b` is read from `k_new`/`v_new` (`[B, kv_heads, 1, H]`) instead
 /// (`-1`: none); `T`, `D` and `W` are the launch's constants. (A changed body needs a new name:
 /// MLX caches modules by it.)
-const NAME: &str = "mlx_ep_one_query_attention_v3";
+const NAME: &str = "mlx_ep_one_query_attention_v4";
 const BODY: &str = r#"
   constexpr int PER = D / 32;
+  const float ninf = -__int_as_float(0x7f800000);
   const int h = blockIdx.x;
   const int b = blockIdx.y;
   const int lane = threadIdx.x % 32;
@@ -50,7 +51,7 @@ const BODY: &str = r#"
     qv[i] = static_cast<float>(qp[(lane * PER + i) * q_strides[3]]) * sc;
     acc[i] = 0.0f;
   }
-  float m = -inf;
+  float m = ninf;
   float l = 0.0f;
   for (int j = warp; j < keys; j += W) {
     if (!ap[j * allowed_strides[3]]) {
@@ -69,8 +70,8 @@ const BODY: &str = r#"
     // (A score of -inf weighs 0, as a masked key does; before any finite score the running
     // maximum is -inf, and so is `mn`.)
     const float mn = fmaxf(m, d);
-    const float c = m == -inf ? 0.0f : expf(m - mn);
-    const float p = d == -inf ? 0.0f : expf(d - mn);
+    const float c = m == ninf ? 0.0f : expf(m - mn);
+    const float p = d == ninf ? 0.0f : expf(d - mn);
     l = l * c + p;
     const T* vr = fresh ? vnp : vp + j * v_strides[2];
     const int64_t vs = fresh ? v_new_strides[3] : v_strides[3];
@@ -91,7 +92,7 @@ const BODY: &str = r#"
   }
   __syncthreads();
   if (warp == 0) {
-    float top = -inf;
+    float top = ninf;
     for (int w = 0; w < W; ++w) {
       top = fmaxf(top, ms[w]);
     }
@@ -101,7 +102,7 @@ const BODY: &str = r#"
       o[i] = 0.0f;
     }
     for (int w = 0; w < W; ++w) {
-      const float f = ms[w] == -inf ? 0.0f : expf(ms[w] - top);
+      const float f = ms[w] == ninf ? 0.0f : expf(ms[w] - top);
       total += ls[w] * f;
       for (int i = 0; i < PER; ++i) {
         o[i] += os[w][lane * PER + i] * f;
