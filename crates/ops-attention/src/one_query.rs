@@ -3,8 +3,9 @@
 //! mask, so [`crate::key_mask`] carries it in the head dimension (three concatenations before
 //! the kernel and a copy after it, per layer); on MLX's CUDA backend this kernel reads the
 //! mask itself, in one launch. It is behind `ONNXRUNTIME_EP_MLX_ATTENTION_KERNEL` (off by
-//! default) until `gpu/run.sh attention` has checked it on a GPU: no GPU was lent the
-//! session that wrote it.
+//! default) until `gpu/run.sh attention` has checked it on a GPU: the one H100 lent the
+//! session that wrote it showed NVRTC refusing its first body (no `inf` in MLX's header), and
+//! none was left for the fixed one.
 //!
 //! One block per (query head, batch entry): its warps take every `W`-th key, each lane holding
 //! `D / 32` of the head's values; a warp keeps a running maximum, sum and weighted values
