@@ -311,14 +311,14 @@ impl Plan {
                 self.stats.record_graph(crate::stats::GraphSize::from_dot(what, &dot));
             }
         }
+        // (Recorded by the trace, which ran in the apply above when fresh.)
+        let meta = traced.meta.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
+        let meta = meta.as_ref();
+        let n = self.translation.outputs.len();
         // An output the last run wrote in place as rows needs only its rows (evaluated below
         // as extras): left out, MLX skips the work that only it needs.
-        let meta_now = traced.meta.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
-        let n_out = self.translation.outputs.len();
         let as_rows = |i: usize| {
-            i < n_out
-                && self.was_in_place(i)
-                && meta_now.rows_at.iter().any(|(_, _, o)| *o == self.translation.outputs[i].name)
+            i < n && self.was_in_place(i) && meta.rows_at.iter().any(|(_, _, o)| *o == self.translation.outputs[i].name)
         };
         self.evaluate(outputs.iter().enumerate().filter(|(i, _)| !as_rows(*i)).map(|(_, a)| a).chain(also))?;
         // Counted once evaluated: an attempt `jit_retry` repeats is not a second run.
@@ -331,10 +331,6 @@ impl Plan {
                 self.time_bare_replays(traced, inputs, runs)?;
             }
         }
-        // (Read again: a fresh trace records it while it runs.)
-        let meta = traced.meta.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
-        let meta = meta.as_ref();
-        let n = self.translation.outputs.len();
         let updates = meta.rows_at.len();
         let extras = updates + meta.groups + usize::from(updates > 0);
         // With updates, the flags are the last entries of the packed starts (see `compile`).
