@@ -92,6 +92,15 @@ impl ElemType {
     pub const UINT4: ElemType = ElemType::Other(21);
     pub const INT4: ElemType = ElemType::Other(22);
 
+    /// The MLX type the EP holds a value of this type in: the type itself ([`Self::to_mlx`]),
+    /// int4/uint4 unpacked ([`Self::unpacked_4bit`]), or the float8 types' bytes as uint8
+    /// ([`crate::float8`]). Only lowerings that name such a type read or write it.
+    pub fn held_as(self) -> Option<Dtype> {
+        self.to_mlx()
+            .or_else(|| self.unpacked_4bit())
+            .or_else(|| crate::float8::Float8::of(self).map(|_| Dtype::U8))
+    }
+
     /// The MLX type a packed 4-bit type is unpacked to.
     pub fn unpacked_4bit(self) -> Option<Dtype> {
         match self {

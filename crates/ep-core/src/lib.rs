@@ -16,6 +16,7 @@ pub mod activation;
 mod claims;
 pub mod error;
 pub mod exec;
+pub mod float8;
 pub mod graph;
 pub mod growth;
 pub mod lowering;
@@ -33,7 +34,7 @@ pub mod ort_abi;
 
 pub use error::{Error, Result};
 pub use graph::{AttrValue, ElemType, NodeInfo, Subgraph, TensorData, ValueInfo};
-pub use lowering::{CompileSafety, Decline, LowerCtx, Lowering};
+pub use lowering::{CompileSafety, Decline, LowerCtx, Lowering, TakesFloat8};
 
 #[doc(hidden)]
 pub use linkme;

@@ -267,9 +267,9 @@ pub const ATTENTION_KERNEL: Setting = Setting {
     key: None,
     env: "ONNXRUNTIME_EP_MLX_ATTENTION_KERNEL",
     kind: Kind::Switch,
-    default: "0",
+    default: "1",
     process_wide: true,
-    doc: "on CUDA, one query token's masked attention (a decode step over a static KV buffer) as the EP's own kernel, one launch per layer, instead of MLX's fused kernel with the key mask carried in the head dimension (three concatenations and a copy more per layer). Off by default until it has run on a GPU (`gpu/run.sh attention` checks and measures it)",
+    doc: "on CUDA, one query token's masked attention (a decode step over a static KV buffer) as the EP's own kernel, one launch per layer, instead of MLX's fused kernel with the key mask carried in the head dimension (three concatenations and a copy more per layer); `0` goes back to MLX's kernel (`gpu/run.sh attention` checks and measures both)",
 };
 
 /// Every setting, in the README's order.

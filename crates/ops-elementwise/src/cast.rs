@@ -1,6 +1,7 @@
 //! Type conversions and predicates: Cast, CastLike, BitCast, IsNaN, IsInf, Not, BitwiseNot.
 
-use ep_core::lowering::{ALL_TYPES, FnLowering, INTS, require_input_type, require_inputs};
+use ep_core::float8::{self, Float8};
+use ep_core::lowering::{ALL_TYPES, FnLowering, INTS, TakesFloat8, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result};
 
@@ -27,24 +28,59 @@ fn target(node: &NodeInfo) -> std::result::Result<ElemType, String> {
     Ok(ElemType::from_onnx(to as i32))
 }
 
+/// A type Cast and CastLike convert from and to: MLX's own, and the float8 types.
+fn convertible(t: ElemType) -> bool {
+    ALL_TYPES.contains(&t) || Float8::of(t).is_some()
+}
+
+fn claim_conversion(node: &NodeInfo, to: ElemType) -> std::result::Result<(), Decline> {
+    let from = node.input(0).and_then(|v| v.elem_type);
+    match from {
+        Some(f) if convertible(f) => {}
+        other => return Err(Decline(format!("{} from {other:?} is not supported", node.op_type))),
+    }
+    if !convertible(to) {
+        return Err(Decline(format!("{} to {to:?} is not supported", node.op_type)));
+    }
+    node.attr_int("saturate", 1)?;
+    Ok(())
+}
+
+/// `x` (of ONNX type `from`) converted to ONNX type `to`: float8 codes are decoded to float32
+/// first and encoded last (rounding to nearest even, `saturate` as ONNX's Cast defines it).
+fn convert(ctx: &LowerCtx<'_>, x: &Array, from: ElemType, to: ElemType, saturate: bool) -> Result<Array> {
+    let decoded;
+    let x = match Float8::of(from) {
+        Some(f) => {
+            decoded = float8::decode(x, f, ctx.stream())?;
+            &decoded
+        }
+        None => x,
+    };
+    if let Some(f) = Float8::of(to) {
+        return float8::encode(x, f, saturate, stream_for(ctx, x.dtype(), Dtype::F32));
+    }
+    let to = to.to_mlx().ok_or("the target type has no MLX type")?;
+    cast(x, to, stream_for(ctx, x.dtype(), to))
+}
+
+fn input_type(node: &NodeInfo, i: usize) -> Result<ElemType> {
+    Ok(node.input(i).and_then(|v| v.elem_type).ok_or_else(|| format!("input {i} has no known type"))?)
+}
+
 fn claim_cast(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 1, 1)?;
-    require_input_type(node, 0, ALL_TYPES)?;
-    let to = target(node)?;
-    if !ALL_TYPES.contains(&to) {
-        return Err(Decline(format!("Cast to {to:?} is not supported")));
-    }
-    Ok(())
+    claim_conversion(node, target(node)?)
 }
 
 fn lower_cast(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
-    let to = target(node)?.to_mlx().ok_or("Cast target has no MLX type")?;
-    Ok(vec![cast(x, to, stream_for(ctx, x.dtype(), to))?])
+    let saturate = node.attr_int("saturate", 1)? != 0;
+    Ok(vec![convert(ctx, x, input_type(node, 0)?, target(node)?, saturate)?])
 }
 
 ep_core::register_lowering!(
-    CAST = FnLowering {
+    CAST = TakesFloat8(FnLowering {
         domain: "",
         op: "Cast",
         opsets: 6..=i32::MAX,
@@ -52,7 +88,7 @@ ep_core::register_lowering!(
         lower: lower_cast,
         safety: CompileSafety::Shapeless,
         growth: Some(|q| ep_core::growth::carries_sizes(true, q)),
-    }
+    })
 );
 
 fn claim_bit_cast(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -93,18 +129,18 @@ ep_core::register_lowering!(
 
 fn claim_cast_like(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 2, 2)?;
-    require_input_type(node, 0, ALL_TYPES)?;
-    require_input_type(node, 1, ALL_TYPES)
+    let to = node.input(1).and_then(|v| v.elem_type).ok_or_else(|| Decline("the target type is unknown".into()))?;
+    claim_conversion(node, to)
 }
 
-fn lower_cast_like(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
+fn lower_cast_like(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
-    let to = ctx.input(1)?.dtype();
-    Ok(vec![cast(x, to, stream_for(ctx, x.dtype(), to))?])
+    let saturate = node.attr_int("saturate", 1)? != 0;
+    Ok(vec![convert(ctx, x, input_type(node, 0)?, input_type(node, 1)?, saturate)?])
 }
 
 ep_core::register_lowering!(
-    CAST_LIKE = FnLowering {
+    CAST_LIKE = TakesFloat8(FnLowering {
         domain: "",
         op: "CastLike",
         opsets: 15..=i32::MAX,
@@ -112,7 +148,7 @@ ep_core::register_lowering!(
         lower: lower_cast_like,
         safety: CompileSafety::Shapeless,
         growth: None,
-    }
+    })
 );
 
 const FLOATS64: &[ElemType] = &[ElemType::F32, ElemType::F16, ElemType::BF16, ElemType::F64];

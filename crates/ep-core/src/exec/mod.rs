@@ -180,8 +180,7 @@ impl Plan {
                 .ok_or_else(|| Error::new(format!("partition {name}: output '{out}' is produced by no node")))?;
             // int4/uint4 outputs are held unpacked and packed at copy-out.
             let dtype = elem_type
-                .to_mlx()
-                .or_else(|| elem_type.unpacked_4bit())
+                .held_as()
                 .ok_or_else(|| Error::new(format!("output '{out}' has type {elem_type:?}, which MLX cannot hold")))?;
             resolved_outputs.push(PlanOutput { name: out, elem_type, source, dtype });
         }

@@ -85,6 +85,47 @@ pub trait Lowering: Sync + 'static {
     fn name(&self) -> &'static str {
         std::any::type_name::<Self>()
     }
+
+    /// Whether the lowering reads or writes ONNX's float8 types, which reach it as their bytes
+    /// in uint8 arrays ([`crate::float8`]). A node with a float8 input or output is claimed
+    /// only by a lowering that says so (wrap it in [`TakesFloat8`]): to any other, those bytes
+    /// would pass for integers.
+    fn takes_float8(&self) -> bool {
+        false
+    }
+}
+
+/// A lowering that reads or writes float8 values as their bytes ([`Lowering::takes_float8`]).
+pub struct TakesFloat8<L>(pub L);
+
+impl<L: Lowering> Lowering for TakesFloat8<L> {
+    fn domain(&self) -> &'static str {
+        self.0.domain()
+    }
+    fn op_type(&self) -> &'static str {
+        self.0.op_type()
+    }
+    fn opsets(&self) -> RangeInclusive<i32> {
+        self.0.opsets()
+    }
+    fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline> {
+        self.0.claim(node)
+    }
+    fn lower(&self, ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
+        self.0.lower(ctx, node)
+    }
+    fn compile_safety(&self) -> CompileSafety {
+        self.0.compile_safety()
+    }
+    fn growth(&self, query: &GrowthQuery<'_>) -> GrowthResult {
+        self.0.growth(query)
+    }
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn takes_float8(&self) -> bool {
+        true
+    }
 }
 
 /// A lowering made of two functions, for ops that need no state of their own:

@@ -118,6 +118,6 @@ fn device_view(plan: &Plan, t: &TensorRef<'_>) -> Result<Option<mlx::Array>> {
     if t.bytes.is_empty() || t.elem_type.unpacked_4bit().is_some() {
         return Ok(None);
     }
-    let Some(dtype) = t.elem_type.to_mlx() else { return Ok(None) };
+    let Some(dtype) = t.elem_type.held_as() else { return Ok(None) };
     Blocks::global().view(t.bytes.as_ptr(), &t.shape, dtype, plan.stream())
 }

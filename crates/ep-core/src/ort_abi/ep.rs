@@ -162,7 +162,7 @@ pub fn claim_and_partition(nodes: Vec<NodeInfo>) -> Result<Claims> {
 fn decide(registry: &registry::Registry, node: &NodeInfo) -> std::result::Result<(), String> {
     for out in node.outputs.iter().flatten() {
         match out.elem_type {
-            Some(t) if t.to_mlx().is_some() || t.unpacked_4bit().is_some() => {}
+            Some(t) if t.held_as().is_some() => {}
             other => {
                 return Err(format!("output '{}' has type {other:?}, which MLX cannot hold", out.name));
             }
@@ -175,7 +175,18 @@ fn decide(registry: &registry::Registry, node: &NodeInfo) -> std::result::Result
     {
         return Err(format!("'{}' is float64, which MLX's GPU does not support", v.name));
     }
-    registry.claim(node).map(|_| ()).map_err(|d| d.0)
+    let lowering = registry.claim(node).map_err(|d| d.0)?;
+    if !lowering.takes_float8()
+        && let Some(v) = node
+            .inputs
+            .iter()
+            .chain(&node.outputs)
+            .flatten()
+            .find(|v| v.elem_type.and_then(crate::float8::Float8::of).is_some())
+    {
+        return Err(format!("'{}' is float8, which this op's lowering does not take", v.name));
+    }
+    Ok(())
 }
 
 /// The producer edges between `nodes`, by value name.

@@ -315,8 +315,8 @@ pub(crate) unsafe fn tensor_to_array(t: &TensorRef<'_>, in_place: bool) -> Resul
 }
 
 impl TensorRef<'_> {
-    /// The bytes and MLX type the EP holds this tensor as: as it is, or for int4/uint4
-    /// unpacked to one element per byte.
+    /// The bytes and MLX type the EP holds this tensor as: as it is (float8 as uint8), or for
+    /// int4/uint4 unpacked to one element per byte.
     fn held(&self) -> Result<(std::borrow::Cow<'_, [u8]>, crate::mlx::Dtype)> {
         if let Some(dtype) = self.elem_type.unpacked_4bit() {
             let count = self.shape.iter().product::<i64>().max(0) as usize;
@@ -325,7 +325,7 @@ impl TensorRef<'_> {
         }
         let dtype = self
             .elem_type
-            .to_mlx()
+            .held_as()
             .ok_or_else(|| Error::new(format!("element type {:?}, which MLX cannot hold", self.elem_type)))?;
         Ok((self.bytes.into(), dtype))
     }
