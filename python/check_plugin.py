@@ -232,6 +232,56 @@ def test_int4_quantize():
         assert len(np.unique(cpu)) > 4, cpu  # not saturated to a constant
 
 
+def test_float8_values_cross_partitions():
+    """float8 values (held by the EP as their bytes) leave a partition for an op whose lowering
+    does not take float8 (Transpose, on ORT's CPU EP) and come back; a float8 QDQ pair, a
+    saturating Cast and one that is not, each on MLX; a float8 zero point other than 0 is an
+    error naming the node, as on ORT's CPU EP."""
+    f8 = TensorProto.FLOAT8E4M3FN
+    nodes = [
+        helper.make_node("Cast", ["x"], ["t"], name="encode", to=f8, saturate=0),
+        helper.make_node("Transpose", ["t"], ["tt"], name="transpose"),
+        helper.make_node("Cast", ["tt"], ["y"], name="decode", to=TensorProto.FLOAT),
+        helper.make_node("QuantizeLinear", ["x", "scale"], ["q"], name="q", output_dtype=TensorProto.FLOAT8E5M2),
+        helper.make_node("DequantizeLinear", ["q", "scale"], ["z"], name="dq"),
+    ]
+    inits = [numpy_helper.from_array(np.array(0.5, np.float32), "scale")]
+    m = model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2]), helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3])],
+        inits,
+        opset=21,
+    )
+    x = np.array([[0.3, 1000.0, -2.7], [1e-3, 447.0, -0.0]], np.float32)
+    s = mlx_session(m)
+    got = s.run(None, {"x": x})
+    placement = assigned(s)
+    assert placement["transpose"] == "CPUExecutionProvider", placement
+    assert all(placement[n] == EP for n in ("encode", "decode", "q", "dq")), placement
+    cpu = cpu_session(m).run(None, {"x": x})
+    for g, c in zip(got, cpu):
+        np.testing.assert_array_equal(g, c)
+    # 1000 past E4M3FN's 448 without saturation: NaN; 447 rounds to 448.
+    assert np.isnan(got[0][1, 0]) and got[0][1, 1] == 448.0, got[0]
+    zp_model = model(
+        [
+            helper.make_node("Cast", ["x"], ["t"], name="encode", to=f8),
+            helper.make_node("DequantizeLinear", ["t", "scale", "zp"], ["y"], name="dq_with_zero_point"),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        inits + [helper.make_tensor("zp", f8, [], [1.0])],
+        opset=21,
+    )
+    try:
+        mlx_session(zp_model).run(None, {"x": x})
+    except Exception as e:
+        assert "dq_with_zero_point" in str(e) and "zero point must be 0" in str(e), e
+    else:
+        raise AssertionError("a float8 zero point of 1 ran")
+
+
 def kv_model():
     node = helper.make_node("TensorScatter", ["past", "update", "write_indices"], ["present"], name="kv_update")
     graph = helper.make_graph(
@@ -437,6 +487,7 @@ def main():
     check("int4/uint4 blocked DequantizeLinear on MLX", test_int4_dequantize)
     check("int4/uint4 blocked QuantizeLinear on MLX, packed into ORT's output", test_int4_quantize)
     check("copied inputs: unchanged ones reused, ones changed in place seen", test_unchanged_inputs_are_not_copied_again)
+    check("float8 values cross partitions as their bytes; float8 Cast and QDQ on MLX", test_float8_values_cross_partitions)
     failed = sum(1 for _, e in results if e is not None)
     print(f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0

@@ -1,13 +1,15 @@
 //! The ONNX quantization ops on integer tensors: DequantizeLinear and QuantizeLinear (per
-//! tensor, per axis, blocked; `com.microsoft`'s earlier forms too), DynamicQuantizeLinear, MatMulInteger and QLinearMatMul.
+//! tensor, per axis, blocked, to and from the integer and float8 types; `com.microsoft`'s
+//! earlier forms too, integers only), DynamicQuantizeLinear, MatMulInteger and QLinearMatMul.
 //!
 //! Integer arithmetic is exact: MLX multiplies matrices in floating point only, so integer
 //! matrix products are split into chunks of 256 along K, where every partial sum of 8-bit
 //! products (at most 256 * 255 * 255 < 2^24) is exact in float32, and the chunks are added in
 //! int32. Rounding is half to even, as ORT's kernels do.
 
+use ep_core::float8::{self, Float8};
 use ep_core::graph::ElemType;
-use ep_core::lowering::{FnLowering, normalize_axis, require_input_type, require_inputs};
+use ep_core::lowering::{FnLowering, TakesFloat8, normalize_axis, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::quant::{dynamic_uint8, integer_matmul};
 use ep_core::{CompileSafety, Decline, Error, LowerCtx, NodeInfo, Result, bail};
@@ -111,14 +113,41 @@ fn zero_point_fits(ctx: &LowerCtx<'_>) -> Result<()> {
     Ok(check_zero_point(Some(&runtime_dims(ctx.input(1)?)), zp.as_deref())?)
 }
 
+/// The float8 format of input or output `v`, if it is one.
+fn float8_of(v: Option<&ep_core::ValueInfo>) -> Option<Float8> {
+    v.and_then(|v| v.elem_type).and_then(Float8::of)
+}
+
+/// A float8 zero point must be 0 (the specification's and ORT's CPU EP's rule for
+/// DequantizeLinear); the claim asks it to be a constant so that this can be checked.
+fn claim_float8_zero_point(node: &NodeInfo) -> std::result::Result<(), Decline> {
+    match node.input(2) {
+        Some(zp) if !zp.is_constant => Err(Decline::new("a float8 zero point that is not a constant")),
+        _ => Ok(()),
+    }
+}
+
+fn float8_zero_point_is_zero(ctx: &LowerCtx<'_>, format: Float8) -> Result<()> {
+    let Some(zp) = ctx.optional_input(2) else { return Ok(()) };
+    let bytes = zp.host_bytes().ok_or_else(|| Error::new("the float8 zero point is not on the host"))?;
+    if bytes.iter().any(|&c| format.value(c) != 0.0) {
+        bail!("a float8 zero point must be 0");
+    }
+    Ok(())
+}
+
 fn claim_dequantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 2, 3)?;
-    // int4/uint4 arrive unpacked (one element per byte) from the engine.
-    require_input_type(
-        node,
-        0,
-        &[ElemType::I8, ElemType::U8, ElemType::I16, ElemType::U16, ElemType::I32, ElemType::INT4, ElemType::UINT4],
-    )?;
+    if float8_of(node.input(0)).is_some() {
+        claim_float8_zero_point(node)?;
+    } else {
+        // int4/uint4 arrive unpacked (one element per byte) from the engine.
+        require_input_type(
+            node,
+            0,
+            &[ElemType::I8, ElemType::U8, ElemType::I16, ElemType::U16, ElemType::I32, ElemType::INT4, ElemType::UINT4],
+        )?;
+    }
     require_input_type(node, 1, FLOAT)?;
     if node.input(2).and_then(|v| v.elem_type) != node.input(2).and(node.input(0).and_then(|v| v.elem_type)) {
         return Err(Decline::new("the zero point's type differs from the input's"));
@@ -142,8 +171,14 @@ fn lower_dequantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
         .and_then(|v| v.elem_type)
         .and_then(|t| t.to_mlx())
         .ok_or_else(|| Error::new("the output type is unknown"))?;
-    let mut v = f32(x, s)?;
-    if let Some(zp) = ctx.optional_input(2) {
+    let mut v = match float8_of(node.input(0)) {
+        Some(format) => {
+            float8_zero_point_is_zero(ctx, format)?;
+            float8::decode(x, format, s)?
+        }
+        None => f32(x, s)?,
+    };
+    if let (Some(zp), None) = (ctx.optional_input(2), float8_of(node.input(0))) {
         v = ops::subtract(&v, &broadcast_param(&f32(zp, s)?, &shape, axis, block, s)?, s)?;
     }
     let scale = broadcast_param(&f32(ctx.input(1)?, s)?, &shape, axis, block, s)?;
@@ -227,9 +262,17 @@ fn claim_quantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_input_type(node, 1, FLOAT)?;
     const OUT: &[ElemType] =
         &[ElemType::I8, ElemType::U8, ElemType::I16, ElemType::U16, ElemType::INT4, ElemType::UINT4];
-    require_input_type(node, 2, OUT)?;
-    if !node.output(0).and_then(|v| v.elem_type).is_some_and(|t| OUT.contains(&t)) {
-        return Err(Decline::new("the output is not a 4-, 8- or 16-bit integer type (float8 is not supported)"));
+    let out = node.output(0).and_then(|v| v.elem_type);
+    if let Some(format) = out.and_then(Float8::of) {
+        // (Its zero point, which the specification requires to be 0, is not read: ORT's CPU
+        // EP ignores it too.)
+        require_input_type(node, 2, &[format.elem_type()])?;
+        node.attr_int("saturate", 1)?;
+    } else {
+        require_input_type(node, 2, OUT)?;
+        if !out.is_some_and(|t| OUT.contains(&t)) {
+            return Err(Decline::new("the output is not a float8 type or a 4-, 8- or 16-bit integer type"));
+        }
     }
     layout(node, ep_core::lowering::input_rank(node, 0).unwrap_or(1), declared_scale(node))?;
     claim_zero_point(node)?;
@@ -243,8 +286,13 @@ fn lower_quantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
     let (axis, block) = layout(node, shape.len(), Some(&runtime_dims(ctx.input(1)?))).map_err(Error::new)?;
     zero_point_fits(ctx)?;
     let out = node.output(0).and_then(|v| v.elem_type).ok_or_else(|| Error::new("the output type is unknown"))?;
-    let t = out.to_mlx().or_else(|| out.unpacked_4bit()).ok_or_else(|| Error::new("the output type is unknown"))?;
     let scale = broadcast_param(&f32(ctx.input(1)?, s)?, &shape, axis, block, s)?;
+    if let Some(format) = Float8::of(out) {
+        // `x / scale` in float32, rounded to the format (ties to even), saturating or not.
+        let saturate = node.attr_int("saturate", 1)? != 0;
+        return Ok(vec![float8::encode(&ops::divide(&f32(x, s)?, &scale, s)?, format, saturate, s)?]);
+    }
+    let t = out.to_mlx().or_else(|| out.unpacked_4bit()).ok_or_else(|| Error::new("the output type is unknown"))?;
     let zp = match ctx.optional_input(2) {
         Some(z) => Some(broadcast_param(&f32(z, s)?, &shape, axis, block, s)?),
         None => None,
@@ -351,7 +399,7 @@ fn lower_qlinear_matmul(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<
 }
 
 ep_core::register_lowering!(
-    DEQUANTIZE_LINEAR = FnLowering {
+    DEQUANTIZE_LINEAR = TakesFloat8(FnLowering {
         domain: "",
         op: "DequantizeLinear",
         opsets: 10..=i32::MAX,
@@ -359,11 +407,11 @@ ep_core::register_lowering!(
         lower: lower_dequantize,
         safety: CompileSafety::ShapeKeyed,
         growth: None,
-    }
+    })
 );
 
 ep_core::register_lowering!(
-    QUANTIZE_LINEAR = FnLowering {
+    QUANTIZE_LINEAR = TakesFloat8(FnLowering {
         domain: "",
         op: "QuantizeLinear",
         opsets: 10..=i32::MAX,
@@ -371,7 +419,7 @@ ep_core::register_lowering!(
         lower: lower_quantize,
         safety: CompileSafety::ShapeKeyed,
         growth: None,
-    }
+    })
 );
 
 fn claim_ms_dequantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -490,8 +538,56 @@ pub(crate) mod spec {
             .boxed()
     }
 
+    /// ONNX's float8 types: (code, largest finite value, the largest magnitude whose
+    /// non-saturating conversion ORT's CPU EP performs as the specification does; see
+    /// `ep_core::float8`).
+    const FLOAT8: &[(i64, f64, f64)] =
+        &[(17, 448.0, 470.0), (18, 240.0, 1e6), (19, 57344.0, 61000.0), (20, 57344.0, 1e6)];
+
+    /// `QuantizeLinear(x, scale) -> float8 (output_dtype) -> DequantizeLinear(t, scale) -> y`,
+    /// the node under test one of the two (the float8 values stay inside the partition: the
+    /// suite feeds and reads only the host's types).
+    fn float8_round_trip(dequantize_under_test: bool) -> BoxedStrategy<Case> {
+        (select(FLOAT8), dtype_of(&[DType::F32, DType::F16]), layout(), any::<bool>(), seed())
+            .prop_map(move |((code, max, exact_to), xt, (shape, axis, block, p), saturate, seed)| {
+                // Scales in [0.25, 2]: `x / scale` up to 4 |x|, past the largest value at times
+                // when saturating, short of where ORT's CPU EP departs when not.
+                let reach = if saturate { 2.0 * max } else { exact_to / 4.0 };
+                let reach = if xt == DType::F16 { reach.min(60000.0) } else { reach };
+                let mut case = Case::op("QuantizeLinear", 21)
+                    .input_with("x", xt, &shape, Values::Uniform { lo: -reach, hi: reach })
+                    .input_with("scale", xt, &p, Values::Uniform { lo: 0.25, hi: 2.0 })
+                    .attr_int("output_dtype", code)
+                    .attr_int("saturate", saturate as i64)
+                    .attr_int("axis", axis);
+                if block > 0 {
+                    case = case.attr_int("block_size", block);
+                }
+                case.nodes[0].outputs.push("t".into());
+                let mut dq = conformance_spec::NodeSpec {
+                    domain: String::new(),
+                    op: "DequantizeLinear".into(),
+                    name: "dequantize".into(),
+                    inputs: vec!["t".into(), "scale".into()],
+                    outputs: vec!["y".into()],
+                    attributes: vec![("axis".into(), conformance_spec::Attr::Int(axis))],
+                };
+                if block > 0 {
+                    dq.attributes.push(("block_size".into(), conformance_spec::Attr::Int(block)));
+                }
+                if dequantize_under_test {
+                    // The node the suite reports on is named `under_test`.
+                    dq.name = std::mem::replace(&mut case.nodes[0].name, "quantize".into());
+                }
+                case.nodes.push(dq);
+                case.outputs.push(("y".into(), xt, shape.clone()));
+                case.with_seed(seed)
+            })
+            .boxed()
+    }
+
     register_spec!(super::DEQUANTIZE_LINEAR, || {
-        (qtype(), layout(), any::<bool>(), seed())
+        let integer = (qtype(), layout(), any::<bool>(), seed())
             .prop_map(|(t, (shape, axis, block, p), zp, seed)| {
                 let opset = if block > 0 { 21 } else { 19 };
                 let mut case = Case::op("DequantizeLinear", opset)
@@ -507,7 +603,8 @@ pub(crate) mod spec {
             })
             .boxed()
             .prop_union(qdq_matmul())
-            .boxed()
+            .boxed();
+        prop_oneof![4 => integer, 1 => float8_round_trip(true)].boxed()
     });
 
     /// A weight-quantized MatMul as QDQ exports write it: `x @ DequantizeLinear(w)` with `w` a
@@ -590,7 +687,7 @@ pub(crate) mod spec {
     }
 
     register_spec!(super::QUANTIZE_LINEAR, || {
-        (qtype(), dtype_of(&[DType::F32, DType::F16]), layout(), seed())
+        let integer = (qtype(), dtype_of(&[DType::F32, DType::F16]), layout(), seed())
             .prop_map(|(t, xt, (shape, axis, block, p), seed)| {
                 let opset = if block > 0 { 21 } else { 19 };
                 let mut case = Case::op("QuantizeLinear", opset)
@@ -602,7 +699,8 @@ pub(crate) mod spec {
                 }
                 case.attr_int("axis", axis).output("y", t, &shape).with_seed(seed)
             })
-            .boxed()
+            .boxed();
+        prop_oneof![3 => integer, 1 => float8_round_trip(false)].boxed()
     });
 
     /// A per-tensor or per-axis layout (com.microsoft's forms have no blocks).
