@@ -71,6 +71,11 @@ const WIDE_QUANT_PARAMETERS: &str = "the CPU EP takes scale, zero point and bias
      element or one per column (it swaps a and b scales that look swapped and broadcasts others against \
      the product); the MLX EP refuses them with the reason";
 
+/// Why a Cast's `saturate` other than 0 or 1 is the CPU EP's wrong answer.
+const SATURATE_OUT_OF_RANGE: &str = "a `saturate` other than 0 or 1: the CPU EP's Cast then leaves its \
+     output unwritten (whatever its memory held, for any target type); the MLX EP reads any value \
+     other than 0 as 1";
+
 /// Spurious errors judged to be the CPU EP's leniency: `(op, mutations, text of the MLX
 /// error, why)`. The MLX EP's error is the right answer there; the CPU EP answers input that
 /// the operator's definition rules out.
@@ -233,6 +238,8 @@ pub const ONNX_OVER_CPU: &[(&str, &str, &str, &str)] = &[
 /// Different answers where ORT's CPU EP answers wrongly or has no defined answer, shown by
 /// hand: `(op, mutation, why)`; counted as *lenient* (never an answer where the CPU EP raised).
 pub const CPU_ANSWER_WRONG: &[(&str, &str, &str)] = &[
+    ("Cast", "attr-out-of-range", SATURATE_OUT_OF_RANGE),
+    ("CastLike", "attr-out-of-range", SATURATE_OUT_OF_RANGE),
     (
         "com.microsoft:WordConvEmbedding",
         "nan-inf",
