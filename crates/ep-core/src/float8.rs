@@ -138,11 +138,7 @@ pub fn encode(x: &Array, format: Float8, saturate: bool, s: &Stream) -> crate::R
     let shift = i64::from(23 - m);
     let odd = ops::bitwise_and(&ops::right_shift(&bits, &int(shift)?, s)?, &int(1)?, s)?;
     let nudged = ops::add(&ops::add(&bits, &int((1 << (shift - 1)) - 1)?, s)?, &odd, s)?;
-    let normal = ops::subtract(
-        &ops::right_shift(&nudged, &int(shift)?, s)?,
-        &int(i64::from(127 - bias) << m)?,
-        s,
-    )?;
+    let normal = ops::subtract(&ops::right_shift(&nudged, &int(shift)?, s)?, &int(i64::from(127 - bias) << m)?, s)?;
     // Subnormal results: the value in units of the smallest subnormal, rounded half to even
     // (a power-of-two scaling, exact); 2^m there is the smallest normal's code.
     let units = ops::multiply(&a, &ops::scalar(2f64.powi(bias - 1 + m as i32), Dtype::F32, s)?, s)?;
@@ -242,8 +238,7 @@ mod tests {
             // Every midpoint between neighbouring codes, a little either side of it, and values
             // spread over the whole range, positive and negative.
             let mut values = Vec::new();
-            let finite: Vec<f32> =
-                (0..0x80u8).map(|c| f.value(c)).filter(|v| v.is_finite()).collect::<Vec<_>>();
+            let finite: Vec<f32> = (0..0x80u8).map(|c| f.value(c)).filter(|v| v.is_finite()).collect::<Vec<_>>();
             for w in finite.windows(2) {
                 let mid = (w[0] + w[1]) / 2.0;
                 values.extend([mid, mid * (1.0 + 1e-6), mid * (1.0 - 1e-6), -mid]);

@@ -5,7 +5,8 @@
 use crate::mlx::Dtype;
 use std::collections::BTreeMap;
 
-/// ONNX tensor element types (values of `TensorProto.DataType`).
+/// ONNX tensor element types, by ORT's numbers (`ONNXTensorElementDataType`, equal to ONNX's
+/// `TensorProto.DataType` below 24; see [`ElemType::UINT2`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ElemType {
     F32,
@@ -87,50 +88,68 @@ impl ElemType {
         })
     }
 
-    /// ONNX's uint4 (21) and int4 (22): two elements per byte, the even one in the low
-    /// nibble. The EP holds them unpacked, one per byte, as uint8 / int8.
+    /// uint4 (21) and int4 (22): two elements per byte, the even one in the low nibble; uint2
+    /// and int2: four per byte, the first in the lowest two bits. The EP holds them unpacked,
+    /// one per byte, as uint8 / int8 (signed ones sign-extended). The 2-bit types carry ORT's
+    /// numbers (`ONNXTensorElementDataType`: 24 and 25), which the EP reads its types as; in
+    /// ONNX's `TensorProto` (attributes such as Cast's `to`) they are 25 and 26, and 24 is
+    /// float8e8m0. Below 24 the two numberings agree.
     pub const UINT4: ElemType = ElemType::Other(21);
     pub const INT4: ElemType = ElemType::Other(22);
+    pub const UINT2: ElemType = ElemType::Other(24);
+    pub const INT2: ElemType = ElemType::Other(25);
 
     /// The MLX type the EP holds a value of this type in: the type itself ([`Self::to_mlx`]),
-    /// int4/uint4 unpacked ([`Self::unpacked_4bit`]), or the float8 types' bytes as uint8
-    /// ([`crate::float8`]). Only lowerings that name such a type read or write it.
+    /// the sub-byte integers unpacked ([`Self::unpacked_sub_byte`]), or the float8 types'
+    /// bytes as uint8 ([`crate::float8`]). Only lowerings that name such a type read or write it.
     pub fn held_as(self) -> Option<Dtype> {
         self.to_mlx()
-            .or_else(|| self.unpacked_4bit())
+            .or_else(|| self.unpacked_sub_byte())
             .or_else(|| crate::float8::Float8::of(self).map(|_| Dtype::U8))
     }
 
-    /// The MLX type a packed 4-bit type is unpacked to.
-    pub fn unpacked_4bit(self) -> Option<Dtype> {
+    /// The width in bits of a packed sub-byte integer type (int4, uint4, int2, uint2) and
+    /// whether it is signed.
+    pub fn sub_byte_bits(self) -> Option<(u32, bool)> {
         match self {
-            ElemType::UINT4 => Some(Dtype::U8),
-            ElemType::INT4 => Some(Dtype::I8),
+            ElemType::UINT4 => Some((4, false)),
+            ElemType::INT4 => Some((4, true)),
+            ElemType::UINT2 => Some((2, false)),
+            ElemType::INT2 => Some((2, true)),
             _ => None,
         }
     }
+
+    /// The MLX type a packed sub-byte integer type is unpacked to.
+    pub fn unpacked_sub_byte(self) -> Option<Dtype> {
+        self.sub_byte_bits().map(|(_, signed)| if signed { Dtype::I8 } else { Dtype::U8 })
+    }
 }
 
-/// Packs one 4-bit element per byte (`values`, int4 or uint4 held as int8/uint8) two per byte,
-/// the even element in the low nibble, into `out` (`ceil(n / 2)` bytes).
-pub fn pack_4bit(values: &[u8], out: &mut [u8]) -> Result<(), String> {
-    if out.len() != values.len().div_ceil(2) {
-        return Err(format!("{} 4-bit values do not fill {} bytes", values.len(), out.len()));
+/// Packs `bits`-wide elements held one per byte (`values`) `8 / bits` per byte, the first in
+/// the lowest bits, into `out` (`ceil(n * bits / 8)` bytes).
+pub fn pack_bits(values: &[u8], bits: u32, out: &mut [u8]) -> Result<(), String> {
+    let per = (8 / bits) as usize;
+    if out.len() != values.len().div_ceil(per) {
+        return Err(format!("{} {bits}-bit values do not fill {} bytes", values.len(), out.len()));
     }
-    for (i, byte) in out.iter_mut().enumerate() {
-        let lo = values[2 * i] & 0xf;
-        let hi = values.get(2 * i + 1).map_or(0, |v| v & 0xf);
-        *byte = lo | (hi << 4);
+    let mask = (1u8 << bits) - 1;
+    for (byte, chunk) in out.iter_mut().zip(values.chunks(per)) {
+        *byte = chunk.iter().enumerate().fold(0, |b, (j, v)| b | ((v & mask) << (bits as usize * j)));
     }
     Ok(())
 }
 
-/// The elements of a packed 4-bit tensor of `count` elements, one per byte (int4 sign-extended).
-pub fn unpack_4bit(bytes: &[u8], count: usize, signed: bool) -> Vec<u8> {
+/// The `count` elements of a packed tensor of `bits`-wide elements, one per byte (signed ones
+/// sign-extended).
+pub fn unpack_bits(bytes: &[u8], count: usize, bits: u32, signed: bool) -> Vec<u8> {
+    let per = (8 / bits) as usize;
+    let mask = (1u8 << bits) - 1;
+    let sign = 1u8 << (bits - 1);
     (0..count)
         .map(|i| {
-            let nibble = (bytes.get(i / 2).copied().unwrap_or(0) >> (4 * (i % 2))) & 0xf;
-            if signed && nibble >= 8 { nibble | 0xf0 } else { nibble }
+            let v = (bytes.get(i / per).copied().unwrap_or(0) >> (bits as usize * (i % per))) & mask;
+            if signed && v & sign != 0 { v | !mask } else { v }
         })
         .collect()
 }
@@ -273,4 +292,37 @@ impl NodeInfo {
 /// `""` and `"ai.onnx"` both name the default ONNX domain.
 pub fn is_onnx_domain(domain: &str) -> bool {
     domain.is_empty() || domain == "ai.onnx"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sub_byte_values_pack_first_in_the_lowest_bits() {
+        let mut out = [0u8; 2];
+        pack_bits(&[1, 2, 3], 4, &mut out).unwrap();
+        assert_eq!(out, [0x21, 0x03]);
+        let mut out = [0u8; 2];
+        pack_bits(&[1, 2, 3, 0, 1], 2, &mut out).unwrap();
+        assert_eq!(out, [0b00_11_10_01, 0b01]);
+        assert!(pack_bits(&[1, 2, 3], 2, &mut [0u8; 2]).is_err());
+    }
+
+    #[test]
+    fn sub_byte_values_round_trip_sign_extended() {
+        for (t, values) in [
+            (ElemType::INT4, vec![-8i8, -1, 0, 7, 3]),
+            (ElemType::UINT4, vec![0, 15, 9, 1, 2]),
+            (ElemType::INT2, vec![-2, -1, 0, 1, 1]),
+            (ElemType::UINT2, vec![0, 3, 2, 1, 3]),
+        ] {
+            let (bits, signed) = t.sub_byte_bits().unwrap();
+            let held: Vec<u8> = values.iter().map(|&v| v as u8).collect();
+            let mut packed = vec![0u8; held.len().div_ceil((8 / bits) as usize)];
+            pack_bits(&held, bits, &mut packed).unwrap();
+            assert_eq!(unpack_bits(&packed, held.len(), bits, signed), held, "{t:?}");
+            assert_eq!(t.unpacked_sub_byte(), Some(if signed { Dtype::I8 } else { Dtype::U8 }));
+        }
+    }
 }

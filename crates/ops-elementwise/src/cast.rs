@@ -336,7 +336,15 @@ mod spec {
 
     fn float8_cases(op: &'static str) -> BoxedStrategy<Case> {
         let sources = &[DType::F32, DType::F16, DType::BF16][..];
-        (select(sources), select(FLOAT8), prop::option::weighted(0.25, select(FLOAT8)), any::<bool>(), shape(0..=3), opset(19..=21), seed())
+        (
+            select(sources),
+            select(FLOAT8),
+            prop::option::weighted(0.25, select(FLOAT8)),
+            any::<bool>(),
+            shape(0..=3),
+            opset(19..=21),
+            seed(),
+        )
             .prop_map(move |(from, f8, second, saturate, s, v, seed)| {
                 // (A Cast to the type it reads is one ORT's optimizer removes.)
                 let second = second.filter(|g| g.0 != f8.0);

@@ -116,7 +116,7 @@ fn zero_points(p: &Params, zp: Option<&Array>) -> Result<Vec<f32>> {
     // Each row is packed (and padded) on its own.
     let mut out = Vec::with_capacity(n * kb);
     for row in bytes.chunks_exact(per_row) {
-        let values = if p.bits == 8 { row[..kb].to_vec() } else { ep_core::graph::unpack_4bit(row, kb, false) };
+        let values = if p.bits == 8 { row[..kb].to_vec() } else { ep_core::graph::unpack_bits(row, kb, 4, false) };
         out.extend(values.into_iter().map(f32::from));
     }
     Ok(out)
@@ -149,7 +149,7 @@ fn dequantize(p: &Params, args: &[&Array], dtype: Dtype, s: &Stream) -> Result<V
     let zp = zero_points(p, args.get(2).copied())?;
     let (kb, kp) = (p.k_blocks() as usize, (p.k_blocks() * p.block) as usize);
     let count = p.n as usize * kp;
-    let q = if p.bits == 8 { bytes[..count].to_vec() } else { ep_core::graph::unpack_4bit(bytes, count, false) };
+    let q = if p.bits == 8 { bytes[..count].to_vec() } else { ep_core::graph::unpack_bits(bytes, count, 4, false) };
     let w: Vec<f32> = q
         .iter()
         .enumerate()

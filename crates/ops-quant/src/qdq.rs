@@ -141,11 +141,21 @@ fn claim_dequantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if float8_of(node.input(0)).is_some() {
         claim_float8_zero_point(node)?;
     } else {
-        // int4/uint4 arrive unpacked (one element per byte) from the engine.
+        // The sub-byte integers arrive unpacked (one element per byte) from the engine.
         require_input_type(
             node,
             0,
-            &[ElemType::I8, ElemType::U8, ElemType::I16, ElemType::U16, ElemType::I32, ElemType::INT4, ElemType::UINT4],
+            &[
+                ElemType::I8,
+                ElemType::U8,
+                ElemType::I16,
+                ElemType::U16,
+                ElemType::I32,
+                ElemType::INT4,
+                ElemType::UINT4,
+                ElemType::INT2,
+                ElemType::UINT2,
+            ],
         )?;
     }
     require_input_type(node, 1, FLOAT)?;
@@ -189,11 +199,13 @@ fn lower_dequantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
     Ok(vec![y])
 }
 
-/// The representable range of an output type (int4/uint4 held as int8/uint8).
+/// The representable range of an output type (the sub-byte integers held as int8/uint8).
 fn range_of(t: ElemType) -> Result<(f64, f64)> {
     match t {
         ElemType::INT4 => Ok((-8.0, 7.0)),
         ElemType::UINT4 => Ok((0.0, 15.0)),
+        ElemType::INT2 => Ok((-2.0, 1.0)),
+        ElemType::UINT2 => Ok((0.0, 3.0)),
         other => range(other.to_mlx().ok_or_else(|| Error::new(format!("{other:?} is not a quantized type")))?),
     }
 }
@@ -260,8 +272,16 @@ fn claim_quantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 2, 3)?;
     require_input_type(node, 0, FLOAT)?;
     require_input_type(node, 1, FLOAT)?;
-    const OUT: &[ElemType] =
-        &[ElemType::I8, ElemType::U8, ElemType::I16, ElemType::U16, ElemType::INT4, ElemType::UINT4];
+    const OUT: &[ElemType] = &[
+        ElemType::I8,
+        ElemType::U8,
+        ElemType::I16,
+        ElemType::U16,
+        ElemType::INT4,
+        ElemType::UINT4,
+        ElemType::INT2,
+        ElemType::UINT2,
+    ];
     let out = node.output(0).and_then(|v| v.elem_type);
     if let Some(format) = out.and_then(Float8::of) {
         // (Its zero point, which the specification requires to be 0, is not read: ORT's CPU
@@ -271,7 +291,7 @@ fn claim_quantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     } else {
         require_input_type(node, 2, OUT)?;
         if !out.is_some_and(|t| OUT.contains(&t)) {
-            return Err(Decline::new("the output is not a float8 type or a 4-, 8- or 16-bit integer type"));
+            return Err(Decline::new("the output is not a float8 type or a 2-, 4-, 8- or 16-bit integer type"));
         }
     }
     layout(node, ep_core::lowering::input_rank(node, 0).unwrap_or(1), declared_scale(node))?;
@@ -292,7 +312,7 @@ fn lower_quantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
         let saturate = node.attr_int("saturate", 1)? != 0;
         return Ok(vec![float8::encode(&ops::divide(&f32(x, s)?, &scale, s)?, format, saturate, s)?]);
     }
-    let t = out.to_mlx().or_else(|| out.unpacked_4bit()).ok_or_else(|| Error::new("the output type is unknown"))?;
+    let t = out.to_mlx().or_else(|| out.unpacked_sub_byte()).ok_or_else(|| Error::new("the output type is unknown"))?;
     let zp = match ctx.optional_input(2) {
         Some(z) => Some(broadcast_param(&f32(z, s)?, &shape, axis, block, s)?),
         None => None,

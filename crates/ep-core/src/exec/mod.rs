@@ -178,7 +178,7 @@ impl Plan {
             let source = *sources
                 .get(out.as_str())
                 .ok_or_else(|| Error::new(format!("partition {name}: output '{out}' is produced by no node")))?;
-            // int4/uint4 outputs are held unpacked and packed at copy-out.
+            // Sub-byte integer outputs are held unpacked and packed at copy-out.
             let dtype = elem_type
                 .held_as()
                 .ok_or_else(|| Error::new(format!("output '{out}' has type {elem_type:?}, which MLX cannot hold")))?;

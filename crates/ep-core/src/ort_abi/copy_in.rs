@@ -115,7 +115,7 @@ pub(super) fn bind_inputs(
 
 /// The tensor as a view of the EP's memory, when it lives there.
 fn device_view(plan: &Plan, t: &TensorRef<'_>) -> Result<Option<mlx::Array>> {
-    if t.bytes.is_empty() || t.elem_type.unpacked_4bit().is_some() {
+    if t.bytes.is_empty() || t.elem_type.unpacked_sub_byte().is_some() {
         return Ok(None);
     }
     let Some(dtype) = t.elem_type.held_as() else { return Ok(None) };

@@ -1,6 +1,6 @@
 //! Copy-out: a run's evaluated outputs into the buffers ORT allocates for them (host memory or
 //! the EP's, by a device copy where it can): whole, packed
-//! two int4 values per byte, or (an output ORT bound to the buffer of the input it updates)
+//! (int4 two values per byte, int2 four), or (an output ORT bound to the buffer of the input it updates)
 //! only the rows that changed.
 
 use super::device::{copy_many, tensor_bytes};
@@ -53,8 +53,8 @@ pub(super) fn write_outputs(
             // SAFETY: ORT allocated `size` bytes for this output.
             unsafe { std::slice::from_raw_parts_mut(data, size) }
         };
-        if out.elem_type.unpacked_4bit().is_some() {
-            // Held one element per byte: packed two per byte into ORT's buffer.
+        if let Some((bits, _)) = out.elem_type.sub_byte_bits() {
+            // Held one element per byte: packed into ORT's buffer.
             let dense = match array.host_bytes() {
                 Some(_) => array.clone(),
                 None => {
@@ -64,8 +64,9 @@ pub(super) fn write_outputs(
                     d
                 }
             };
-            let values = dense.host_bytes().ok_or_else(|| Error::new("an int4 output was not evaluated"))?;
-            crate::graph::pack_4bit(values, buf).map_err(|e| Error::new(format!("output '{}': {e}", out.name)))?;
+            let values = dense.host_bytes().ok_or_else(|| Error::new("a sub-byte output was not evaluated"))?;
+            crate::graph::pack_bits(values, bits, buf)
+                .map_err(|e| Error::new(format!("output '{}': {e}", out.name)))?;
             plan.stats().copied_out_bytes.fetch_add(size as u64, Ordering::Relaxed);
             continue;
         }

@@ -299,7 +299,7 @@ pub(crate) fn reads_in_place(t: &TensorRef<'_>, zero_copy: bool) -> bool {
 }
 
 /// A tensor as an MLX array: borrowed when `in_place` (decided by [`reads_in_place`]), else
-/// copied. int4/uint4 tensors are unpacked, one element per byte.
+/// copied. Sub-byte integer tensors (int4, uint4, int2, uint2) are unpacked, one element per byte.
 ///
 /// # Safety
 /// A borrowed array must be used only while `t`'s buffer lives (the current compute call),
@@ -316,11 +316,13 @@ pub(crate) unsafe fn tensor_to_array(t: &TensorRef<'_>, in_place: bool) -> Resul
 
 impl TensorRef<'_> {
     /// The bytes and MLX type the EP holds this tensor as: as it is (float8 as uint8), or for
-    /// int4/uint4 unpacked to one element per byte.
+    /// the sub-byte integers unpacked to one element per byte.
     fn held(&self) -> Result<(std::borrow::Cow<'_, [u8]>, crate::mlx::Dtype)> {
-        if let Some(dtype) = self.elem_type.unpacked_4bit() {
+        if let (Some(dtype), Some((bits, signed))) =
+            (self.elem_type.unpacked_sub_byte(), self.elem_type.sub_byte_bits())
+        {
             let count = self.shape.iter().product::<i64>().max(0) as usize;
-            let bytes = crate::graph::unpack_4bit(self.bytes, count, dtype == crate::mlx::Dtype::I8);
+            let bytes = crate::graph::unpack_bits(self.bytes, count, bits, signed);
             return Ok((bytes.into(), dtype));
         }
         let dtype = self
