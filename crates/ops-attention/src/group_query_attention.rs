@@ -284,20 +284,43 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         },
         (None, all) => {
             let all = all.ok_or_else(|| Error::new("the query holds no packed heads"))?;
-            let v = part(&all, heads + kv_heads, kv_heads)?;
-            let qk = match &angles {
+            // The query, key and value heads cut apart at once (one split in a shape-keyed graph).
+            let three = |x: &Array| -> Result<(Array, Array, Array)> {
+                let mut p = heads::parts(x, &[heads, kv_heads, kv_heads], 1, shapeless, s)?.into_iter();
+                match (p.next(), p.next(), p.next()) {
+                    (Some(q), Some(k), Some(v)) => Ok((q, k, v)),
+                    _ => Err(Error::new("the packed heads did not split in three")),
+                }
+            };
+            match &angles {
                 // Whole heads: the query and key heads rotated in place, the value heads passed
                 // through, with no cutting before the rotation.
                 Some(a) if 2 * a[0].shape()[3] == g.head => {
                     let tag = format!("GroupQueryAttention b={} s={} first={first_prompt}", g.batch, g.seq);
                     let (turned, of) = ((&a[0], &a[1]), [5, 7, 8, 9]);
-                    rotary::rotate_leading_heads(ctx, &all, turned, heads + kv_heads, interleaved, &of, &tag, s)?
+                    three(&rotary::rotate_leading_heads(
+                        ctx,
+                        &all,
+                        turned,
+                        heads + kv_heads,
+                        interleaved,
+                        &of,
+                        &tag,
+                        s,
+                    )?)?
                 }
                 // Part of each head: the query and key heads cut and rotated together.
-                Some(a) => rotate(&part(&all, 0, heads + kv_heads)?, a)?,
-                None => all,
-            };
-            (part(&qk, 0, heads)?, part(&qk, heads, kv_heads)?, v)
+                Some(a) => {
+                    let v = part(&all, heads + kv_heads, kv_heads)?;
+                    let qk = rotate(&part(&all, 0, heads + kv_heads)?, a)?;
+                    let mut p = heads::parts(&qk, &[heads, kv_heads], 1, shapeless, s)?.into_iter();
+                    match (p.next(), p.next()) {
+                        (Some(q), Some(k)) => (q, k, v),
+                        _ => bail!("the rotated heads did not split in two"),
+                    }
+                }
+                None => three(&all)?,
+            }
         }
     };
     if let (true, Some(pk), Some(pv)) = (ctx.shapeless() && past_len + g.seq == total, &past_k, &past_v) {

@@ -52,3 +52,31 @@ pub(crate) fn part(x: &Array, start: i64, len: i64, axis: usize, shapeless: bool
     hi[axis] = start + len;
     Ok(ops::slice(x, &lo, &hi, s)?)
 }
+
+/// Consecutive parts of `x` along `axis` of the given lengths (together the whole axis), as
+/// [`part`] cuts them: in a shape-keyed graph one split (a single MLX primitive with an output
+/// per part, where separate slices would be one primitive each).
+pub(crate) fn parts(x: &Array, lens: &[i64], axis: usize, shapeless: bool, s: &Stream) -> Result<Vec<Array>> {
+    let total: i64 = lens.iter().sum();
+    if x.shape().get(axis) != Some(&total) {
+        bail!("{:?} does not split into parts {lens:?} along axis {axis}", x.shape());
+    }
+    if shapeless {
+        let mut start = 0;
+        return lens
+            .iter()
+            .map(|&len| {
+                let p = part(x, start, len, axis, true, s);
+                start += len;
+                p
+            })
+            .collect();
+    }
+    let mut bounds = Vec::with_capacity(lens.len().saturating_sub(1));
+    let mut at = 0;
+    for len in &lens[..lens.len().saturating_sub(1)] {
+        at += len;
+        bounds.push(at);
+    }
+    Ok(ops::split_at(x, &bounds, axis as i32, s)?)
+}
