@@ -55,8 +55,10 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if node.input(1).is_some() != node.input(2).is_some() || node.input(3).is_some() != node.input(4).is_some() {
         return Err(Decline::new("key/value and past_key/past_value must come in pairs"));
     }
-    if node.attr_int("qk_output", 0)? != 0 || node.output(3).is_some() {
-        return Err(Decline::new("the output_qk output is not supported"));
+    match (node.attr_int("qk_output", 0)?, node.output(3).is_some()) {
+        (0, false) | (1 | 2, _) => {}
+        (0, true) => return Err(Decline::new("output_qk is asked for but qk_output is 0")),
+        (other, _) => return Err(Decline(format!("qk_output={other} is not 0, 1 (scores) or 2 (probabilities)"))),
     }
     if node.attr_int("sliding_window_cache", 0)? != 0 {
         return Err(Decline::new("sliding_window_cache is not supported"));
@@ -323,6 +325,9 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             }
         }
     };
+    // output_qk: 1, each query's scaled (and soft-capped, biased) scores; 2, its attention
+    // probabilities: `[B, heads, S, total_sequence_length]`, 0 where a key is not seen.
+    let qk_output = if node.output(3).is_some() { node.attr_int("qk_output", 0)? } else { 0 };
     if let (true, Some(pk), Some(pv)) = (ctx.shapeless() && past_len + g.seq == total, &past_k, &past_v) {
         return decode_step(ctx, node, &g, (&q, &k, &v), (pk, pv), &past_b);
     }
@@ -438,7 +443,8 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     };
     // One query token over a cache whose masked keys are exactly its zeroed rows (no window):
     // MLX's fused one-query kernel, the mask carried in the head dimension.
-    if g.seq == 1 && window < 0 && bias.is_none() && softcap <= 0.0 && !sink && key_mask::serves(dtype) {
+    if g.seq == 1 && window < 0 && bias.is_none() && softcap <= 0.0 && !sink && qk_output == 0 && key_mask::serves(dtype)
+    {
         // A static buffer on CUDA: the EP's kernel reads past's rows and the new row in its
         // place, so the present is only an output (written in place as rows, see above).
         let fits = !shapeless && present_len == past_len && crate::one_query::serves();
@@ -459,7 +465,8 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     // A boolean mask: MLX replaces the scores of keys not seen (an additive -inf would make a
     // masked key's infinite score NaN, where ORT never computes that score). With a bias the
     // scores are masked after it is added, below.
-    let y = if softcap <= 0.0 && !sink && bias.is_none() {
+    let mut qk = None;
+    let y = if softcap <= 0.0 && !sink && bias.is_none() && qk_output == 0 {
         ops::scaled_dot_product_attention(&qf, &kf, &vf, scale, Some(&allowed), false, s)?
     } else {
         let reps = heads / kv_heads;
@@ -471,6 +478,10 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         }
         if let Some(b) = &bias {
             scores = ops::add(&scores, b, s)?;
+        }
+        let zero = ops::scalar(0.0, Dtype::F32, s)?;
+        if qk_output == 1 {
+            qk = Some(ops::where_(&allowed, &scores, &zero, s)?);
         }
         let neg_inf = ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?;
         scores = ops::where_(&allowed, &scores, &neg_inf, s)?;
@@ -486,13 +497,28 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         } else {
             ops::softmax(&scores, -1, s)?
         };
+        if qk_output == 2 {
+            // (A query that sees no key has no probabilities: 0, not softmax's NaN.)
+            qk = Some(ops::where_(&allowed, &probs, &zero, s)?);
+        }
         ops::matmul(&probs, &vr, s)?
     };
     let y = match dead {
         Some(d) => ops::where_(&d, &ops::scalar(0.0, Dtype::F32, s)?, &y, s)?,
         None => y,
     };
-    Ok(vec![ops::astype(&heads::merge(&y, s)?, dtype, s)?, present_k, present_v])
+    let mut outputs = vec![ops::astype(&heads::merge(&y, s)?, dtype, s)?, present_k, present_v];
+    if let Some(qk) = qk {
+        // Over total_sequence_length keys (a static buffer's further rows are not keys).
+        let qk = if total < present_len {
+            let sh = qk.shape();
+            ops::slice(&qk, &[0, 0, 0, 0], &[sh[0], sh[1], sh[2], total], s)?
+        } else {
+            qk
+        };
+        outputs.push(ops::astype(&qk, dtype, s)?);
+    }
+    Ok(outputs)
 }
 
 /// The decode slot's form for a growing cache (see [`LowerCtx::shapeless`]): present is past
@@ -516,6 +542,7 @@ fn decode_step(
         ("smooth_softmax", node.attr_int("smooth_softmax", 0)? == 1 || ctx.optional_input(11).is_some()),
         ("attention_bias", ctx.optional_input(10).is_some()),
         ("causal=0", node.attr_int("causal", 1)? != 1 && g.seq > 1),
+        ("output_qk", node.output(3).is_some()),
     ];
     if let Some((what, _)) = unsupported.iter().find(|(_, on)| *on) {
         bail!("{what} has no decode-slot form");
@@ -590,7 +617,9 @@ mod spec {
     register_spec!(super::GROUP_QUERY_ATTENTION, || {
         let heads = (1..=2i64, 1..=2i64, prop_oneof![Just(16i64), Just(32)], 1..=2i64);
         let flags = (any::<(bool, bool, bool)>(), 0..3u8, 0..4u8, any::<(bool, bool)>());
-        (dtype_of(&[DType::F32, DType::F16]), heads, 0..3u8, (1..=4i64, 0..=5i64), flags, seed())
+        // qk_output: 0 (mostly), 1 scores, 2 probabilities.
+        let qk = prop_oneof![4 => Just(0i64), 1 => Just(1i64), 1 => Just(2i64)];
+        (dtype_of(&[DType::F32, DType::F16]), heads, 0..3u8, (1..=4i64, 0..=5i64), flags, qk, seed())
             .prop_map(
                 |(
                     t,
@@ -598,9 +627,14 @@ mod spec {
                     phase,
                     (sq, past),
                     ((packed, rotary, interleaved), window, cache, (cap, sink)),
+                    qk_output,
                     seed,
                 )| {
                     let nh = kvh * reps;
+                    // output_qk: ORT's CPU EP writes it only where a query sees a key (the rest
+                    // of its buffer holds whatever the memory held; the EP writes 0 there), so
+                    // it is compared on one-token steps over every key, without a window.
+                    let (phase, window) = if qk_output > 0 { (1, 0) } else { (phase, window) };
                     // phase 0: first prompt (no past); 1: one-token decode; 2: a later prompt (B = 1).
                     let (b, sq) = match phase {
                         0 => (b, sq),
@@ -614,6 +648,7 @@ mod spec {
                     // whose outputs nothing reads): such cases are left unpadded. The EP follows
                     // the reference path.
                     let totals = match phase {
+                        _ if qk_output > 0 => vec![total; b as usize],
                         0 if window > 0 => vec![sq; b as usize],
                         0 => lengths(b, 1, sq, seed),
                         _ => lengths(b, sq, total, seed),
@@ -666,12 +701,16 @@ mod spec {
                     if window > 0 {
                         case = case.attr_int("local_window_size", window as i64 * 2 - 1);
                     }
-                    case.attr_int("num_heads", nh)
+                    case = case
+                        .attr_int("num_heads", nh)
                         .attr_int("kv_num_heads", kvh)
                         .output("y", t, &[b, sq, nh * h])
                         .output("present_k", t, &[b, kvh, present_rows, h])
-                        .output("present_v", t, &[b, kvh, present_rows, h])
-                        .with_seed(seed)
+                        .output("present_v", t, &[b, kvh, present_rows, h]);
+                    if qk_output > 0 {
+                        case = case.attr_int("qk_output", qk_output).output("output_qk", t, &[b, nh, sq, total]);
+                    }
+                    case.with_seed(seed)
                 },
             )
             .boxed()
