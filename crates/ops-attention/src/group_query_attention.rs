@@ -443,7 +443,13 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     };
     // One query token over a cache whose masked keys are exactly its zeroed rows (no window):
     // MLX's fused one-query kernel, the mask carried in the head dimension.
-    if g.seq == 1 && window < 0 && bias.is_none() && softcap <= 0.0 && !sink && qk_output == 0 && key_mask::serves(dtype)
+    if g.seq == 1
+        && window < 0
+        && bias.is_none()
+        && softcap <= 0.0
+        && !sink
+        && qk_output == 0
+        && key_mask::serves(dtype)
     {
         // A static buffer on CUDA: the EP's kernel reads past's rows and the new row in its
         // place, so the present is only an output (written in place as rows, see above).

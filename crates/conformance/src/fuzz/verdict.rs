@@ -624,7 +624,11 @@ pub fn judge_result(r: &ChildResult, nodes: &[String]) -> Verdict {
             }
             (None, None) => {
                 if let Some(m) = &run.mismatch {
-                    return Verdict::new(Class::Wrong, format!("{which}: {m}"));
+                    // Declined, the CPU EP ran every node in both sessions: a difference is its
+                    // own (values it leaves unwritten, such as GroupQueryAttention's output_qk
+                    // under a qk_output it does not know), not the MLX EP's.
+                    let class = if on_mlx { Class::Wrong } else { Class::Lenient };
+                    return Verdict::new(class, format!("{which}: {m}"));
                 }
             }
         }
