@@ -1,7 +1,7 @@
 //! STFT: the short-time Fourier transform of `[batch, length, 1 | 2]`: frames of
 //! `frame_length` samples every `frame_step`, each multiplied by the window (when given) and
 //! transformed, `[batch, frames, bins, 2]`. The frames are one gather, the transforms one
-//! matrix product.
+//! matrix product (frames past 4096 samples: two, see [`crate::large`]).
 
 use crate::dft::scalar_input;
 use crate::matrix::{MAX_POINTS, Transform};
@@ -41,11 +41,19 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
         }
     }
     if let Some(Some(w)) = node.input(2).and_then(|v| v.shape.clone()).and_then(|s| s.first().copied())
-        && w > MAX_POINTS
+        && !transformable(w)
     {
-        return Err(Decline(format!("a window of {w}; the MLX EP transforms at most {MAX_POINTS} points")));
+        return Err(Decline(format!(
+            "a window of {w}, which does not split into two transforms of at most {MAX_POINTS} points"
+        )));
     }
     Ok(())
+}
+
+/// Whether frames of `n` samples transform: up to [`MAX_POINTS`] in one matrix product,
+/// longer ones in two passes ([`crate::large`]) when `n` splits into two such factors.
+fn transformable(n: i64) -> bool {
+    (1..=MAX_POINTS).contains(&n) || (n > MAX_POINTS && crate::large::split(n as usize).is_some())
 }
 
 fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
@@ -78,8 +86,8 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     if step < 1 {
         bail!("frame_step {step} is not positive");
     }
-    if !(1..=MAX_POINTS).contains(&frame) {
-        bail!("a frame of {frame} samples; the MLX EP transforms 1..={MAX_POINTS}");
+    if !transformable(frame) {
+        bail!("a frame of {frame} samples, which is not 1..={MAX_POINTS} nor two transforms of at most that");
     }
     if frame > length {
         bail!("a frame of {frame} samples is longer than the signal ({length})");
@@ -124,6 +132,14 @@ mod spec {
     register_spec!(super::STFT, || {
         (1..=2i64, 1..=40i64, 1..=12i64, 1..=6i64, 0..3usize, any::<bool>(), seed())
             .prop_map(|(batch, extra, frame, step, how, onesided, seed)| {
+                // One case in eight: frames past the matrix size (two passes), of a power of two
+                // (for the reason DFT's long cases give), two or three of them, one signal.
+                let long = seed % 8 == 0;
+                let (batch, frame, step, extra) = if long {
+                    (1, [8192i64, 16384][(seed / 8 % 2) as usize], 4096, 1 + (seed / 16 % 2) as i64 * 4096)
+                } else {
+                    (batch, frame, step, extra)
+                };
                 // A complex signal's one-sided spectrum is its first frame / 2 + 1 bins.
                 let complex = seed % 2 == 0;
                 let c = if complex { 2 } else { 1 };
@@ -145,7 +161,9 @@ mod spec {
                 if !onesided {
                     case = case.attr_int("onesided", 0);
                 }
-                case.output("output", DType::F32, &[batch, frames, bins, 2])
+                let case = case.output("output", DType::F32, &[batch, frames, bins, 2]);
+                // A long transform sums thousands of products per bin: both EPs round them.
+                if long { case.summed((frame / 256) as u32) } else { case }
             })
             .boxed()
     });
