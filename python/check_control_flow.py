@@ -107,6 +107,34 @@ def test_scan_forms():
         compare(m, feeds)
 
 
+def test_scan8_batch_forms():
+    """Opset 8's Scan: a batch axis on every input, the body on one entry's step; the running
+    sum over two scan inputs, one of them reversed (`directions`), against the CPU EP."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["acc_in", "a_t"], ["s1"]),
+            helper.make_node("Add", ["s1", "b_t"], ["acc_out"]),
+            helper.make_node("Mul", ["a_t", "b_t"], ["prod"]),
+        ],
+        "body",
+        [vi("acc_in", F, [4]), vi("a_t", F, [4]), vi("b_t", F, [4])],
+        [vi("acc_out", F, [4]), vi("prod", F, [4])],
+    )
+    rng = np.random.default_rng(8)
+    for directions in ([0, 0], [1, 0], [0, 1]):
+        node = helper.make_node(
+            "Scan", ["", "acc0", "a", "b"], ["acc", "prods"], name="scan8", body=body, num_scan_inputs=2, directions=directions
+        )
+        m = model(
+            [helper.make_node("Relu", ["x"], ["acc0"], name="relu"), node],
+            [vi("x", F, [3, 4]), vi("a", F, [3, 5, 4]), vi("b", F, [3, 5, 4])],
+            [vi("acc", F, [3, 4]), vi("prods", F, [3, 5, 4])],
+            opset=8,
+        )
+        feeds = [{n: rng.standard_normal(sh).astype(np.float32) for n, sh in (("x", (3, 4)), ("a", (3, 5, 4)), ("b", (3, 5, 4)))}]
+        compare(m, feeds)
+
+
 def test_scan_without_iterations():
     m = scan_model([0, 0], [0, 0], [0, 0], [0, 0], steps="T")
     feed = {"x": np.arange(4, dtype=np.float32) - 1, "a": np.zeros((0, 4), np.float32), "b": np.zeros((0, 4), np.float32)}
@@ -524,6 +552,7 @@ def main():
     if sys.argv[1:] == ["--if-child"]:
         return if_child()
     check("Scan: scan axes, directions, two scan inputs and outputs, on MLX, match", test_scan_forms)
+    check("Scan of opset 8: a batch axis, directions, on MLX, match", test_scan8_batch_forms)
     check("Scan with no iterations: initial states, empty scan outputs", test_scan_without_iterations)
     check("Scan inputs of different lengths: a clear error naming the node", test_scan_inputs_of_different_lengths_fail_cleanly)
     check("Loop: trip count, condition, early exit, no iterations, scan output, on MLX, match", test_loop_forms)

@@ -1,4 +1,4 @@
-//! Control-flow lowerings: If, Loop, Scan.
+//! Control-flow lowerings: If, Loop, Scan (opsets 8 and 9 on).
 //!
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`], end it with
@@ -11,6 +11,7 @@ mod body;
 mod if_op;
 mod loop_op;
 mod scan;
+mod scan8;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
 pub fn link() -> ep_core::registry::Family {

@@ -83,7 +83,7 @@ impl Lowering for Scan {
         "Scan"
     }
 
-    /// Opset 8's Scan has a batch axis and sequence lengths; it is left to ORT.
+    /// (Opset 8's Scan, with its batch axis, is `scan8.rs`.)
     fn opsets(&self) -> RangeInclusive<i32> {
         9..=i32::MAX
     }
@@ -100,17 +100,7 @@ impl Lowering for Scan {
                 node.outputs.len()
             )));
         }
-        check_body(body, "body")?;
-        let registry = registry::global().map_err(|e| Decline(e.to_string()))?;
-        for inner in &body.nodes {
-            if registry.claim(inner).is_ok_and(|l| l.compile_safety() == CompileSafety::Never) {
-                return Err(Decline(format!(
-                    "body node '{}' ({}) reads data on the host; an unrolled scan is compiled",
-                    inner.name,
-                    inner.qualified_op()
-                )));
-            }
-        }
+        check_unrollable(body)?;
         for (j, &axis) in layout.input_axes.iter().enumerate() {
             let Some(shape) = node.input(layout.n + j).and_then(|v| v.shape.clone()) else { continue };
             let a = normalize(axis, shape.len(), "scan_input_axes entry").map_err(Decline)?;
@@ -127,7 +117,7 @@ impl Lowering for Scan {
         let s = ctx.stream();
         let layout = Layout::read(node).map_err(Error::new)?;
         let body = node.attr_graph("body").map_err(Error::new)?.ok_or_else(|| Error::new("the body is missing"))?;
-        let mut states: Vec<Array> = (0..layout.n).map(|i| ctx.input(i).cloned()).collect::<Result<_>>()?;
+        let states: Vec<Array> = (0..layout.n).map(|i| ctx.input(i).cloned()).collect::<Result<_>>()?;
         // Every scan input cut into its slices along its axis, in iteration order.
         let mut slices: Vec<Vec<Array>> = Vec::with_capacity(layout.m);
         let mut count = None;
@@ -142,41 +132,14 @@ impl Lowering for Scan {
             if t > MAX_ITERATIONS {
                 bail!("{t} iterations; the MLX EP unrolls at most {MAX_ITERATIONS}");
             }
-            let mut parts = if t > 1 {
-                ops::split_at(&x, &(1..t).collect::<Vec<_>>(), axis as i32, s)?
-            } else if t == 1 {
-                vec![x.clone()]
-            } else {
-                Vec::new()
-            };
-            let mut squeezed: Vec<i64> = x.shape();
-            squeezed.remove(axis);
-            for p in &mut parts {
-                *p = ops::reshape(p, &squeezed, s)?;
-            }
+            let mut parts = slices_along(&x, axis, s)?;
             if layout.input_reverse[j] {
                 parts.reverse();
             }
             slices.push(parts);
         }
         let count = count.unwrap_or(0) as usize;
-        let mut elements: Vec<Vec<Array>> = vec![Vec::with_capacity(count); layout.k];
-        // Unrolled into a trace; where the partition runs eagerly, the body is a compiled
-        // closure of its own, replayed per iteration.
-        let outer: Vec<String> = node.implicit_inputs.iter().map(|v| v.name.clone()).collect();
-        for it in 0..count {
-            let mut args = states.clone();
-            args.extend(slices.iter().map(|parts| parts[it].clone()));
-            let mut outs = ctx.run_subgraph_compiled(body, args, &outer)?;
-            if outs.len() != layout.n + layout.k {
-                bail!("the body gave {} outputs; the node has {}", outs.len(), layout.n + layout.k);
-            }
-            let scanned = outs.split_off(layout.n);
-            states = outs;
-            for (e, a) in elements.iter_mut().zip(scanned) {
-                e.push(a);
-            }
-        }
+        let (states, elements) = unroll(ctx, node, body, states, &slices, count, layout.k)?;
         let mut results = states;
         for (kk, mut e) in elements.into_iter().enumerate() {
             let out = if e.is_empty() {
@@ -210,6 +173,72 @@ impl Lowering for Scan {
     fn compile_safety(&self) -> CompileSafety {
         CompileSafety::ShapeKeyed
     }
+}
+
+/// A body the EP can unroll: every node lowered, none that reads data on the host.
+pub(crate) fn check_unrollable(body: &ep_core::Subgraph) -> std::result::Result<(), Decline> {
+    check_body(body, "body")?;
+    let registry = registry::global().map_err(|e| Decline(e.to_string()))?;
+    for inner in &body.nodes {
+        if registry.claim(inner).is_ok_and(|l| l.compile_safety() == CompileSafety::Never) {
+            return Err(Decline(format!(
+                "body node '{}' ({}) reads data on the host; an unrolled scan is compiled",
+                inner.name,
+                inner.qualified_op()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `body` `count` times (unrolled into the trace; where the partition runs eagerly, the
+/// body is a compiled closure of its own, replayed per iteration) over `states` and each scan
+/// input's slices in iteration order: the final states and each of the `k` scan outputs'
+/// elements in iteration order.
+pub(crate) fn unroll(
+    ctx: &mut LowerCtx<'_>,
+    node: &NodeInfo,
+    body: &ep_core::Subgraph,
+    mut states: Vec<Array>,
+    slices: &[Vec<Array>],
+    count: usize,
+    k: usize,
+) -> Result<(Vec<Array>, Vec<Vec<Array>>)> {
+    let n = states.len();
+    let mut elements: Vec<Vec<Array>> = vec![Vec::with_capacity(count); k];
+    let outer: Vec<String> = node.implicit_inputs.iter().map(|v| v.name.clone()).collect();
+    for it in 0..count {
+        let mut args = states.clone();
+        args.extend(slices.iter().map(|parts| parts[it].clone()));
+        let mut outs = ctx.run_subgraph_compiled(body, args, &outer)?;
+        if outs.len() != n + k {
+            bail!("the body gave {} outputs; the node has {}", outs.len(), n + k);
+        }
+        let scanned = outs.split_off(n);
+        states = outs;
+        for (e, a) in elements.iter_mut().zip(scanned) {
+            e.push(a);
+        }
+    }
+    Ok((states, elements))
+}
+
+/// `x`'s slices along `axis` (that axis dropped), in order.
+pub(crate) fn slices_along(x: &Array, axis: usize, s: &ep_core::mlx::Stream) -> Result<Vec<Array>> {
+    let t = x.shape()[axis];
+    let mut parts = if t > 1 {
+        ops::split_at(x, &(1..t).collect::<Vec<_>>(), axis as i32, s)?
+    } else if t == 1 {
+        vec![x.clone()]
+    } else {
+        Vec::new()
+    };
+    let mut squeezed: Vec<i64> = x.shape();
+    squeezed.remove(axis);
+    for p in &mut parts {
+        *p = ops::reshape(p, &squeezed, s)?;
+    }
+    Ok(parts)
 }
 
 ep_core::register_lowering!(SCAN = Scan);

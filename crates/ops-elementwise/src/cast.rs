@@ -280,8 +280,7 @@ mod spec {
         op: &str,
         from: DType,
         (code, max, exact_to): (i64, f64, f64),
-        second: Option<(i64, f64, f64)>,
-        saturate: bool,
+        (second, saturate): (Option<(i64, f64, f64)>, bool),
         s: &[i64],
         v: u32,
         seed: u64,
@@ -295,7 +294,7 @@ mod spec {
         };
         // (float16's largest value, among the special ones, lies in E5M2's departing range.)
         let e5m2 = code == 19 || second.is_some_and(|f| f.0 == 19);
-        let special = seed % 3 == 0 && (saturate || from != DType::F16 || !e5m2);
+        let special = seed.is_multiple_of(3) && (saturate || from != DType::F16 || !e5m2);
         let reach = if from == DType::F16 { reach.min(65000.0) } else { reach };
         let values = if special { Values::Special } else { Values::Uniform { lo: -reach, hi: reach } };
         let mut case = Case::op(op, v).input_with("x", from, s, values);
@@ -348,7 +347,7 @@ mod spec {
             .prop_map(move |(from, f8, second, saturate, s, v, seed)| {
                 // (A Cast to the type it reads is one ORT's optimizer removes.)
                 let second = second.filter(|g| g.0 != f8.0);
-                float8_case(op, from, f8, second, saturate, &s, v, seed)
+                float8_case(op, from, f8, (second, saturate), &s, v, seed)
             })
             .boxed()
     }

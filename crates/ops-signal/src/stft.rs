@@ -134,7 +134,7 @@ mod spec {
             .prop_map(|(batch, extra, frame, step, how, onesided, seed)| {
                 // One case in eight: frames past the matrix size (two passes), of a power of two
                 // (for the reason DFT's long cases give), two or three of them, one signal.
-                let long = seed % 8 == 0;
+                let long = seed.is_multiple_of(8);
                 let (batch, frame, step, extra) = if long {
                     (1, [8192i64, 16384][(seed / 8 % 2) as usize], 4096, 1 + (seed / 16 % 2) as i64 * 4096)
                 } else {
