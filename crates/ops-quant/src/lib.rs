@@ -11,6 +11,7 @@
 
 mod affine_weight;
 mod gather_block_quantized;
+mod integer_matmul;
 mod matmul_bnb4;
 mod matmul_integer16;
 mod matmul_nbits;

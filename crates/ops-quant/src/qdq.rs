@@ -1,17 +1,15 @@
-//! The ONNX quantization ops on integer tensors: DequantizeLinear and QuantizeLinear (per
-//! tensor, per axis, blocked, to and from the integer and float8 types; `com.microsoft`'s
-//! earlier forms too, integers only), DynamicQuantizeLinear, MatMulInteger and QLinearMatMul.
+//! The ONNX quantization ops: DequantizeLinear and QuantizeLinear (per tensor, per axis,
+//! blocked, to and from the integer and float8 types; `com.microsoft`'s earlier forms too,
+//! integers only) and DynamicQuantizeLinear. (MatMulInteger and QLinearMatMul:
+//! `integer_matmul.rs`.)
 //!
-//! Integer arithmetic is exact: MLX multiplies matrices in floating point only, so integer
-//! matrix products are split into chunks of 256 along K, where every partial sum of 8-bit
-//! products (at most 256 * 255 * 255 < 2^24) is exact in float32, and the chunks are added in
-//! int32. Rounding is half to even, as ORT's kernels do.
+//! Rounding is half to even, as ORT's kernels do.
 
 use ep_core::float8::{self, Float8};
 use ep_core::graph::ElemType;
 use ep_core::lowering::{FnLowering, TakesFloat8, normalize_axis, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
-use ep_core::quant::{dynamic_uint8, integer_matmul};
+use ep_core::quant::dynamic_uint8;
 use ep_core::{CompileSafety, Decline, Error, LowerCtx, NodeInfo, Result, bail};
 
 const FLOAT: &[ElemType] = &[ElemType::F32, ElemType::F16, ElemType::BF16];
@@ -334,90 +332,6 @@ fn lower_dynamic(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>>
     Ok(vec![q, scale, zp])
 }
 
-fn claim_matmul_integer(node: &NodeInfo) -> std::result::Result<(), Decline> {
-    require_inputs(node, 2, 4)?;
-    for i in 0..4 {
-        require_input_type(node, i, Q8)?;
-    }
-    for i in [0, 1] {
-        if ep_core::lowering::input_rank(node, i).is_none_or(|r| r < 2) {
-            return Err(Decline(format!("input {i} must have rank 2 or more")));
-        }
-    }
-    Ok(())
-}
-
-fn lower_matmul_integer(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
-    let s = ctx.stream();
-    // As ORT's CPU EP: a's zero point one element (a scalar or 1-D), b's that or, for a 2-D b,
-    // 1-D of its columns.
-    let b = ctx.input(1)?.shape();
-    for (i, per_column) in [(2, false), (3, b.len() == 2)] {
-        if let Some(z) = ctx.optional_input(i) {
-            let sh = z.shape();
-            let ok = sh.len() <= 1 && (z.size() == 1 || (per_column && sh[0] == b[1]));
-            if !ok {
-                bail!(
-                    "the zero point {i} of shape {sh:?} must be one element{}",
-                    if per_column { " or one per column" } else { "" }
-                );
-            }
-        }
-    }
-    Ok(vec![integer_matmul(ctx.input(0)?, ctx.input(1)?, ctx.optional_input(2), ctx.optional_input(3), s)?])
-}
-
-fn claim_qlinear_matmul(node: &NodeInfo) -> std::result::Result<(), Decline> {
-    require_inputs(node, 8, 8)?;
-    for i in [0, 2, 3, 5, 7] {
-        require_input_type(node, i, Q8)?;
-    }
-    for i in [1, 4, 6] {
-        require_input_type(node, i, &[ElemType::F32])?;
-    }
-    for i in [0, 3] {
-        if ep_core::lowering::input_rank(node, i).is_none_or(|r| r < 2) {
-            return Err(Decline(format!("input {i} must have rank 2 or more")));
-        }
-    }
-    for i in [1, 2, 4, 5, 6, 7] {
-        if node.input(i).and_then(ep_core::graph::ValueInfo::rank).is_some_and(|r| r > 1) {
-            return Err(Decline::new("scales and zero points must be scalars or vectors"));
-        }
-    }
-    Ok(())
-}
-
-/// `saturate(round(acc * (a_scale * b_scale / y_scale)) + y_zp)`, the product accumulated
-/// exactly in int32.
-fn lower_qlinear_matmul(ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
-    let s = ctx.stream();
-    // As ORT's CPU EP: a's and the result's scale and zero point are one element each.
-    for (i, what) in [(1, "a_scale"), (2, "a_zero_point"), (6, "y_scale"), (7, "y_zero_point")] {
-        let p = ctx.input(i)?;
-        if p.ndim() > 1 || p.size() != 1 {
-            bail!("{what} of shape {:?} must be a scalar or a 1-D tensor of one element", p.shape());
-        }
-    }
-    let acc = integer_matmul(ctx.input(0)?, ctx.input(3)?, Some(ctx.input(2)?), Some(ctx.input(5)?), s)?;
-    let n = *acc.shape().last().unwrap_or(&1);
-    let a_scale = ops::reshape(&f32(ctx.input(1)?, s)?, &[], s)?;
-    let b_scale = f32(ctx.input(4)?, s)?;
-    let b_scale =
-        if b_scale.size() > 1 { ops::reshape(&b_scale, &[1, n], s)? } else { ops::reshape(&b_scale, &[], s)? };
-    let y_scale = ops::reshape(&f32(ctx.input(6)?, s)?, &[], s)?;
-    let multiplier = ops::divide(&ops::multiply(&a_scale, &b_scale, s)?, &y_scale, s)?;
-    let t = ctx.input(7)?.dtype();
-    let one = ops::scalar(1.0, Dtype::F32, s)?;
-    let zp = ops::reshape(&f32(ctx.input(7)?, s)?, &[], s)?;
-    let scaled = ops::multiply(&f32(&acc, s)?, &multiplier, s)?;
-    // A NaN product (a NaN scale) saturates to the type's lowest value, as ORT's CPU EP's
-    // float-to-integer conversion leaves it.
-    let lowest = ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?;
-    let scaled = ops::where_(&ops::not_equal(&scaled, &scaled, s)?, &lowest, &scaled, s)?;
-    Ok(vec![quantize(&scaled, &one, Some(&zp), t, range(t)?, s)?])
-}
-
 ep_core::register_lowering!(
     DEQUANTIZE_LINEAR = TakesFloat8(FnLowering {
         domain: "",
@@ -488,30 +402,6 @@ ep_core::register_lowering!(
         opsets: 11..=i32::MAX,
         claim: claim_dynamic,
         lower: lower_dynamic,
-        safety: CompileSafety::ShapeKeyed,
-        growth: None,
-    }
-);
-
-ep_core::register_lowering!(
-    MATMUL_INTEGER = FnLowering {
-        domain: "",
-        op: "MatMulInteger",
-        opsets: 10..=i32::MAX,
-        claim: claim_matmul_integer,
-        lower: lower_matmul_integer,
-        safety: CompileSafety::ShapeKeyed,
-        growth: None,
-    }
-);
-
-ep_core::register_lowering!(
-    QLINEAR_MATMUL = FnLowering {
-        domain: "",
-        op: "QLinearMatMul",
-        opsets: 10..=i32::MAX,
-        claim: claim_qlinear_matmul,
-        lower: lower_qlinear_matmul,
         safety: CompileSafety::ShapeKeyed,
         growth: None,
     }
@@ -772,46 +662,6 @@ pub(crate) mod spec {
                     .output("y", DType::U8, &shape)
                     .output("y_scale", DType::F32, &[])
                     .output("y_zero_point", DType::U8, &[])
-                    .with_seed(seed)
-            })
-            .boxed()
-    });
-
-    register_spec!(super::MATMUL_INTEGER, || {
-        (qtype(), qtype(), (1..=2i64, 1..=4i64, prop_oneof![1..=40i64, 250..=600i64], 1..=4i64), 0..3u8, seed())
-            .prop_map(|(ta, tb, (batch, m, k, n), zp, seed)| {
-                let a_shape = if batch > 1 { vec![batch, m, k] } else { vec![m, k] };
-                let y_shape = if batch > 1 { vec![batch, m, n] } else { vec![m, n] };
-                let mut case = Case::op("MatMulInteger", 10).input_with("a", ta, &a_shape, full_range(ta)).input_with(
-                    "b",
-                    tb,
-                    &[k, n],
-                    Values::int8_weights(tb),
-                );
-                case = match zp {
-                    0 => case,
-                    1 => case.input_with("a_zp", ta, &[], full_range(ta)).input_with("b_zp", tb, &[], full_range(tb)),
-                    _ => case.absent().input_with("b_zp", tb, &[n], full_range(tb)),
-                };
-                case.output("y", DType::I32, &y_shape).with_seed(seed)
-            })
-            .boxed()
-    });
-
-    register_spec!(super::QLINEAR_MATMUL, || {
-        (qtype(), (1..=3i64, prop_oneof![1..=40i64, 250..=400i64], 1..=4i64), seed())
-            .prop_map(|(t, (m, k, n), seed)| {
-                let scale = |hi: f64| Values::Uniform { lo: hi / 4.0, hi };
-                Case::op("QLinearMatMul", 10)
-                    .input_with("a", t, &[m, k], full_range(t))
-                    .input_with("a_scale", DType::F32, &[], scale(0.05))
-                    .input_with("a_zp", t, &[], full_range(t))
-                    .input_with("b", t, &[k, n], Values::int8_weights(t))
-                    .input_with("b_scale", DType::F32, &[], scale(0.05))
-                    .input_with("b_zp", t, &[], full_range(t))
-                    .input_with("y_scale", DType::F32, &[], scale(20.0))
-                    .input_with("y_zp", t, &[], full_range(t))
-                    .output("y", t, &[m, n])
                     .with_seed(seed)
             })
             .boxed()
