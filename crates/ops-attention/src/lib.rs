@@ -1,5 +1,5 @@
 //! Attention and KV-cache lowerings: Attention (ONNX 23/24), TensorScatter (the ONNX KV-cache
-//! update), `com.microsoft` MultiHeadAttention.
+//! update), `com.microsoft` MultiHeadAttention, DecoderMaskedMultiHeadAttention.
 //!
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`], end it with
@@ -10,6 +10,7 @@
 
 mod additive;
 mod attention;
+mod decoder_masked;
 mod group_query_attention;
 mod heads;
 mod key_mask;
