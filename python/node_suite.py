@@ -99,7 +99,7 @@ RAW = {1: np.uint8, 2: np.uint16}
 def raw_value(a):
     a = np.ascontiguousarray(a)
     if a.dtype.itemsize not in RAW or a.dtype.name.endswith(("int4", "int2", "float4_e2m1fn")):
-        raise TypeError(f"{a.dtype} inputs cannot be fed through ORT's Python API")
+        raise TypeError(f"{a.dtype} values cannot go through ORT's Python API")
     elem = onnx.helper.np_dtype_to_tensor_dtype(a.dtype)
     return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a.view(RAW[a.dtype.itemsize]), elem)
 
@@ -115,8 +115,13 @@ def run_session(s, inputs, expected):
     if not any(special(v) for v in values) and not any(special(np.asarray(w)) for w in expected if w is not None and not isinstance(w, (list, tuple))):
         return s.run(None, dict(zip(names, values)))
     io = s.io_binding()
+    # The OrtValues share their arrays' memory: both are kept until the run is done.
+    kept = []
     for n, v in zip(names, values):
-        io.bind_ortvalue_input(n, raw_value(v) if special(v) else ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)))
+        a = np.ascontiguousarray(v)
+        value = raw_value(a) if special(a) else ort.OrtValue.ortvalue_from_numpy(a)
+        kept.append((a, value))
+        io.bind_ortvalue_input(n, value)
     buffers = []
     for o, w in zip(s.get_outputs(), expected):
         w = np.asarray(w)
@@ -133,9 +138,9 @@ def run_session(s, inputs, expected):
 
 
 def unfeedable(case):
-    """Why ORT's Python API cannot take a test's inputs, or None."""
-    for inputs, _ in case.data_sets:
-        for v in inputs:
+    """Why ORT's Python API cannot take a test's inputs or give its outputs, or None."""
+    for inputs, outputs in case.data_sets:
+        for v in list(inputs) + [w for w in outputs if w is not None and not isinstance(w, (list, tuple))]:
             v = feed_value(v)
             if isinstance(v, np.ndarray) and onnx_only(v.dtype):
                 try:
@@ -386,7 +391,7 @@ def report(records, property_json=None):
         "(model suites: rtol 1e-3; `light` models against ORT's CPU EP on random inputs; random",
         "generators' tests by shape, type and support, since no runtime draws the recorded values).",
         "*Skipped* tests are ones ORT 1.31 itself cannot load (IR version 14 / opset 28) or whose",
-        "4-bit inputs ORT's Python API cannot take (bfloat16 and float8 values go in and out as",
+        "4-bit inputs or outputs ORT's Python API cannot take (bfloat16 and float8 values go in and out as",
         "raw-byte OrtValues through an IO binding).",
         "",
     ]

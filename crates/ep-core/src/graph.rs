@@ -48,6 +48,17 @@ impl ElemType {
         }
     }
 
+    /// An element type written in a model by ONNX's `TensorProto.DataType` number (an
+    /// attribute such as Cast's `to`): ONNX's numbers part from ORT's from 24 on.
+    pub fn from_tensor_proto(v: i32) -> ElemType {
+        match v {
+            24 => ElemType::Other(26), // float8e8m0
+            25 => ElemType::UINT2,
+            26 => ElemType::INT2,
+            other => ElemType::from_onnx(other),
+        }
+    }
+
     pub fn to_onnx(self) -> i32 {
         match self {
             ElemType::F32 => 1,

@@ -14,8 +14,10 @@
 //! `-inf`: kept where the mask is `> 0`, or `!= 0` under `cache_indirection`, as ORT's two
 //! paths read it. The `qk` output (`output_qk` = 1) holds the scores before the softmax.
 //!
-//! Under beam search ORT's CPU kernel reads a per-entry attention bias (`[B, ..]`) at row
-//! `b / beams` (past its end for the last entries); the EP reads row `b`.
+//! Where ORT's CPU kernel departs, the EP reads the op's definition: under beam search that
+//! kernel reads a per-entry attention bias (`[B, ..]`) at row `b / beams`, the EP at row `b`;
+//! a `past_sequence_length` of 0 that kernel reads as the whole buffer (and reads past it),
+//! the EP as an empty past.
 //!
 //! Declined, as ORT's CPU kernel refuses them: types other than float32, a query of more than
 //! one token or packed QKV, `past_present_share_buffer` = 0 with a past, a mask of any shape
@@ -154,10 +156,10 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         let (read_k, read_v) = match &beams {
             Some(ci) => {
                 let cs = ci.shape();
-                let w = cs[1];
-                if cs.len() != 3 || cs[0] * w != b || cs[2] != m {
+                if cs.len() != 3 || cs[0] * cs[1] != b || cs[2] != m {
                     bail!("cache_indirection {cs:?} is not [batch, beams, {m}] for {b} entries");
                 }
+                let w = cs[1];
                 // (Only the entries of the filled rows are read, and checked.)
                 let read = ops::less(&ops::reshape(&rows, &[1, 1, m], s)?, &p, s)?;
                 let used = ops::where_(&read, &ops::astype(ci, Dtype::I32, s)?, &ops::scalar(0.0, Dtype::I32, s)?, s)?;
@@ -251,7 +253,12 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         }
         let zero = ops::scalar(0.0, Dtype::I32, s)?;
         let mask = ops::astype(mask, Dtype::I32, s)?;
-        let kept = if beams.is_some() { ops::not_equal(&mask, &zero, s)? } else { ops::greater(&mask, &zero, s)? };
+        // (ORT's beam-search path reads `!= 0`, its other paths `> 0`.)
+        let kept = if beams.is_some() && self_attention {
+            ops::not_equal(&mask, &zero, s)?
+        } else {
+            ops::greater(&mask, &zero, s)?
+        };
         let term = ops::where_(&kept, &ops::scalar(0.0, Dtype::F32, s)?, &ops::scalar(filter, Dtype::F32, s)?, s)?;
         let t = term.shape()[1];
         scores = ops::add(&scores, &padded(&ops::reshape(&term, &[b, 1, 1, t], s)?, "mask_index")?, s)?;
@@ -328,7 +335,7 @@ mod spec {
                 let bits = Values::Uniform { lo: 0.0, hi: 2.0 };
                 case = if mask { case.input_with("mask_index", DType::I32, &[b, t], bits) } else { case.absent() };
                 // (Under beam search ORT's CPU kernel reads a per-entry bias at row b / beams,
-                // not b, past its end for the last entries: one row for all there.)
+                // not b: one row for all there.)
                 case = if attention_bias && !cross {
                     let rows = if seed.is_multiple_of(2) && beams == 1 { b } else { 1 };
                     case.input("attention_bias", f, &[rows, heads, 1, t])

@@ -25,7 +25,7 @@ fn stream_for<'a>(ctx: &LowerCtx<'a>, a: Dtype, b: Dtype) -> &'a Stream {
 
 fn target(node: &NodeInfo) -> std::result::Result<ElemType, String> {
     let to = node.attr_int("to", -1)?;
-    Ok(ElemType::from_onnx(to as i32))
+    Ok(ElemType::from_tensor_proto(to as i32))
 }
 
 /// A type Cast and CastLike convert from and to: MLX's own, and the float8 types.

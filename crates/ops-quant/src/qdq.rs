@@ -116,8 +116,8 @@ fn float8_of(v: Option<&ep_core::ValueInfo>) -> Option<Float8> {
     v.and_then(|v| v.elem_type).and_then(Float8::of)
 }
 
-/// A float8 zero point must be 0 (the specification's and ORT's CPU EP's rule for
-/// DequantizeLinear); the claim asks it to be a constant so that this can be checked.
+/// A float8 zero point must be 0 (ORT's CPU EP's rule for DequantizeLinear; ONNX leaves
+/// float8 zero points unused); the claim asks it to be a constant so that this can be checked.
 fn claim_float8_zero_point(node: &NodeInfo) -> std::result::Result<(), Decline> {
     match node.input(2) {
         Some(zp) if !zp.is_constant => Err(Decline::new("a float8 zero point that is not a constant")),

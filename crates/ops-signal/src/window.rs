@@ -12,7 +12,7 @@ use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail
 /// values within [0, 1], where one rounding step decides between 0 and 1; they stay on ORT's
 /// CPU EP.
 fn output_type(node: &NodeInfo) -> std::result::Result<Dtype, String> {
-    match ElemType::from_onnx(node.attr_int("output_datatype", 1)? as i32) {
+    match ElemType::from_tensor_proto(node.attr_int("output_datatype", 1)? as i32) {
         ElemType::F32 => Ok(Dtype::F32),
         ElemType::F64 => Ok(Dtype::F64),
         other => Err(format!("output_datatype {other:?} is not float or double")),

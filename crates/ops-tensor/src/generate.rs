@@ -120,7 +120,9 @@ fn lower_eye_like(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
     let shape = x.shape();
     let k = node.attr_int("k", 0)?;
     let dtype = match node.attr("dtype") {
-        Some(AttrValue::Int(t)) => ElemType::from_onnx(*t as i32).to_mlx().ok_or("EyeLike dtype has no MLX type")?,
+        Some(AttrValue::Int(t)) => {
+            ElemType::from_tensor_proto(*t as i32).to_mlx().ok_or("EyeLike dtype has no MLX type")?
+        }
         _ => x.dtype(),
     };
     let s = ctx.stream_for(dtype);

@@ -19,7 +19,7 @@ const FLOAT_OUT: &[ElemType] = &[ElemType::F32, ElemType::F16, ElemType::BF16];
 /// The `dtype` attribute's type (`default` when absent).
 fn dtype_attr(node: &NodeInfo, default: Option<ElemType>) -> std::result::Result<ElemType, String> {
     match node.attr("dtype") {
-        Some(AttrValue::Int(t)) => Ok(ElemType::from_onnx(*t as i32)),
+        Some(AttrValue::Int(t)) => Ok(ElemType::from_tensor_proto(*t as i32)),
         None => default.ok_or_else(|| "the dtype attribute is missing".to_owned()),
         Some(other) => Err(format!("attribute 'dtype' should be an int, found {other:?}")),
     }
