@@ -30,24 +30,24 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if node.input(5).is_none() || node.input(6).is_none() {
         return Err(Decline::new("seqlens_k and total_sequence_length are required"));
     }
-    for i in [0, 1, 2, 3, 4, 7, 8, 10, 11] {
+    for i in [0, 1, 2, 7, 8, 10, 11] {
         require_input_type(node, i, TYPES)?;
     }
     let t = node.input(0).and_then(|v| v.elem_type);
-    for i in [1, 2, 3, 4] {
+    for i in [1, 2] {
         if let Some(v) = node.input(i)
             && v.elem_type != t
         {
-            return Err(Decline(format!(
-                "input {i} is {:?} and query {t:?} (quantized caches are not supported)",
-                v.elem_type
-            )));
+            return Err(Decline(format!("input {i} is {:?} and query {t:?}", v.elem_type)));
         }
     }
+    // The caches: the query's type, or 8-bit with a scale (`kv_quant.rs`).
+    crate::kv_quant::claim(node, "k", (12, 3, 1), t)?;
+    crate::kv_quant::claim(node, "v", (13, 4, 2), t)?;
     require_input_type(node, 5, &[ElemType::I32])?;
     require_input_type(node, 6, &[ElemType::I32])?;
     require_input_type(node, 9, &[ElemType::I64])?;
-    for (i, what) in [(12, "k_scale"), (13, "v_scale"), (14, "q_norm_weight"), (15, "k_norm_weight")] {
+    for (i, what) in [(14, "q_norm_weight"), (15, "k_norm_weight")] {
         if node.input(i).is_some() {
             return Err(Decline(format!("{what} is not supported")));
         }
@@ -62,13 +62,6 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     }
     if node.attr_int("sliding_window_cache", 0)? != 0 {
         return Err(Decline::new("sliding_window_cache is not supported"));
-    }
-    for (attr, default) in [("k_quant_type", "NONE"), ("v_quant_type", "NONE")] {
-        if let Some(ep_core::AttrValue::String(v)) = node.attr(attr)
-            && v != default
-        {
-            return Err(Decline(format!("{attr}={v} (quantized KV caches) is not supported")));
-        }
     }
     let (heads, kv_heads) = (node.attr_int("num_heads", 0)?, node.attr_int("kv_num_heads", 0)?);
     // (Heads that do not divide are refused when the node runs: declined, kv_num_heads above
@@ -328,9 +321,19 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     // output_qk: 1, each query's scaled (and soft-capped, biased) scores; 2, its attention
     // probabilities: `[B, heads, S, total_sequence_length]`, 0 where a key is not seen.
     let qk_output = if node.output(3).is_some() { node.attr_int("qk_output", 0)? } else { 0 };
+    // An 8-bit cache: the new rows stored as its codes, the present read back dequantized.
+    let codecs = (
+        crate::kv_quant::Codec::read(ctx, node, "k", 12, kv_heads, g.head)?,
+        crate::kv_quant::Codec::read(ctx, node, "v", 13, kv_heads, g.head)?,
+    );
+    let quantized = codecs.0.quantized() || codecs.1.quantized();
     if let (true, Some(pk), Some(pv)) = (ctx.shapeless() && past_len + g.seq == total, &past_k, &past_v) {
+        if quantized {
+            bail!("a quantized KV cache has no decode-slot form");
+        }
         return decode_step(ctx, node, &g, (&q, &k, &v), (pk, pv), &past_b);
     }
+    let (k, v) = (codecs.0.store(&k, s)?, codecs.1.store(&v, s)?);
     // Each entry's length within the present (the decode slot above replays a trace, whose
     // lengths grow, so it is not checked against a traced bound).
     // (Checked once per graph: every layer reads the same lengths.)
@@ -449,6 +452,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         && softcap <= 0.0
         && !sink
         && qk_output == 0
+        && !quantized
         && key_mask::serves(dtype)
     {
         // A static buffer on CUDA: the EP's kernel reads past's rows and the new row in its
@@ -467,7 +471,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             return Ok(vec![heads::merge(&y, s)?, present_k, present_v]);
         }
     }
-    let (qf, kf, vf) = (f32(&q)?, f32(&present_k)?, f32(&present_v)?);
+    let (qf, kf, vf) = (f32(&q)?, codecs.0.load(&present_k, s)?, codecs.1.load(&present_v, s)?);
     // A boolean mask: MLX replaces the scores of keys not seen (an additive -inf would make a
     // masked key's infinite score NaN, where ORT never computes that score). With a bias the
     // scores are masked after it is added, below.
@@ -623,9 +627,11 @@ mod spec {
     register_spec!(super::GROUP_QUERY_ATTENTION, || {
         let heads = (1..=2i64, 1..=2i64, prop_oneof![Just(16i64), Just(32)], 1..=2i64);
         let flags = (any::<(bool, bool, bool)>(), 0..3u8, 0..4u8, any::<(bool, bool)>());
-        // qk_output: 0 (mostly), 1 scores, 2 probabilities.
+        // qk_output: 0 (mostly), 1 scores, 2 probabilities; an 8-bit KV cache (0: none, 1:
+        // per tensor, 2: per channel).
         let qk = prop_oneof![4 => Just(0i64), 1 => Just(1i64), 1 => Just(2i64)];
-        (dtype_of(&[DType::F32, DType::F16]), heads, 0..3u8, (1..=4i64, 0..=5i64), flags, qk, seed())
+        let quant = prop_oneof![4 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8)];
+        (dtype_of(&[DType::F32, DType::F16]), heads, 0..3u8, (1..=4i64, 0..=5i64), flags, (qk, quant), seed())
             .prop_map(
                 |(
                     t,
@@ -633,7 +639,7 @@ mod spec {
                     phase,
                     (sq, past),
                     ((packed, rotary, interleaved), window, cache, (cap, sink)),
-                    qk_output,
+                    (qk_output, quant),
                     seed,
                 )| {
                     let nh = kvh * reps;
@@ -678,10 +684,23 @@ mod spec {
                             &[b, sq, kvh * h],
                         );
                     }
-                    case = if phase == 0 {
+                    // An 8-bit cache holds codes of either sign, some of the new rows saturating.
+                    let (ct, codes) = if quant > 0 {
+                        (DType::I8, Values::Uniform { lo: -120.0, hi: 120.0 })
+                    } else {
+                        (t, Values::default_for(t))
+                    };
+                    // (A first prompt into an 8-bit cache passes an empty past: the present's type
+                    // follows the past's.)
+                    case = if phase == 0 && quant == 0 {
                         case.absent().absent()
                     } else {
-                        case.input("past_k", t, &[b, kvh, p_rows, h]).input("past_v", t, &[b, kvh, p_rows, h])
+                        case.input_with("past_k", ct, &[b, kvh, p_rows, h], codes.clone()).input_with(
+                            "past_v",
+                            ct,
+                            &[b, kvh, p_rows, h],
+                            codes,
+                        )
                     };
                     let seqlens = totals.iter().map(|&x| (x - 1) as f64).collect();
                     case = case.input_with("seqlens_k", DType::I32, &[b], Values::Data(seqlens)).constant(
@@ -698,6 +717,23 @@ mod spec {
                             .attr_int("do_rotary", 1)
                             .attr_int("rotary_interleaved", interleaved as i64);
                     }
+                    if quant > 0 {
+                        if !rotary {
+                            case = case.absent().absent();
+                        }
+                        let scale_shape = if quant == 1 { vec![1] } else { vec![kvh, 1, h] };
+                        let kind = if quant == 1 { "PER_TENSOR" } else { "PER_CHANNEL" };
+                        let scales = Values::Uniform { lo: 0.005, hi: 0.02 };
+                        case = case
+                            .absent()
+                            .absent()
+                            .absent()
+                            .input_with("k_scale", DType::F32, &scale_shape, scales.clone())
+                            .input_with("v_scale", DType::F32, &scale_shape, scales)
+                            .attr_str("k_quant_type", kind)
+                            .attr_str("v_quant_type", kind)
+                            .attr_int("kv_cache_bit_width", 8);
+                    }
                     if sink {
                         case = case.attr_int("smooth_softmax", 1);
                     }
@@ -711,8 +747,8 @@ mod spec {
                         .attr_int("num_heads", nh)
                         .attr_int("kv_num_heads", kvh)
                         .output("y", t, &[b, sq, nh * h])
-                        .output("present_k", t, &[b, kvh, present_rows, h])
-                        .output("present_v", t, &[b, kvh, present_rows, h]);
+                        .output("present_k", ct, &[b, kvh, present_rows, h])
+                        .output("present_v", ct, &[b, kvh, present_rows, h]);
                     if qk_output > 0 {
                         case = case.attr_int("qk_output", qk_output).output("output_qk", t, &[b, nh, sq, total]);
                     }

@@ -14,6 +14,7 @@ mod decoder_masked;
 mod group_query_attention;
 mod heads;
 mod key_mask;
+mod kv_quant;
 mod lone;
 mod mrotary_embedding;
 mod multi_head_attention;
