@@ -100,3 +100,9 @@ pub fn axes_subset(rank: usize) -> BoxedStrategy<Vec<i64>> {
         })
         .boxed()
 }
+
+/// ONNX's float8 types for specs: (TensorProto code, largest finite value, the largest
+/// magnitude whose non-saturating conversion ORT 1.31's CPU EP performs as ONNX defines it;
+/// `ep_core::float8` says where it departs beyond that).
+pub const FLOAT8: &[(i64, f64, f64)] =
+    &[(17, 448.0, 470.0), (18, 240.0, 1e6), (19, 57344.0, 61000.0), (20, 57344.0, 1e6)];

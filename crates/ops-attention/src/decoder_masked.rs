@@ -225,7 +225,9 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let mut scores =
         ops::scale(&ops::matmul(&f32(&q, s)?, &ops::transpose_axes(&f32(&keys, s)?, &[0, 1, 3, 2], s)?, s)?, scale, s)?;
     // The attention bias and the mask cover the T = P + 1 keys (L in cross attention); a
-    // buffer's further rows are not counted.
+    // buffer's further rows are not counted. (Not `additive::additive_term`: ORT's kernel here
+    // adds the bias to the scores before the mask, which a row whose every key is masked shows
+    // at -10000's resolution.)
     let padded = |a: &Array, what: &str| -> Result<Array> {
         let sh = a.shape();
         let t = sh[sh.len() - 1];

@@ -16,11 +16,7 @@ pub(crate) fn claim(
     (scale, past, present): (usize, usize, usize),
     query: Option<ElemType>,
 ) -> std::result::Result<bool, Decline> {
-    let kind = match node.attr(&format!("{what}_quant_type")) {
-        None => "NONE".to_owned(),
-        Some(AttrValue::String(v)) => v.clone(),
-        Some(other) => return Err(Decline(format!("{what}_quant_type is {other:?}, not a string"))),
-    };
+    let kind = kind(node, what).map_err(Decline)?;
     let cache_type = |i: Option<&ep_core::ValueInfo>| i.and_then(|v| v.elem_type);
     match kind.as_str() {
         "NONE" => {
@@ -53,6 +49,15 @@ pub(crate) fn claim(
     }
 }
 
+/// `{what}_quant_type` (`NONE` when absent).
+fn kind(node: &NodeInfo, what: &str) -> std::result::Result<String, String> {
+    match node.attr(&format!("{what}_quant_type")) {
+        None => Ok("NONE".to_owned()),
+        Some(AttrValue::String(v)) => Ok(v.clone()),
+        Some(other) => Err(format!("{what}_quant_type is {other:?}, not a string")),
+    }
+}
+
 /// How one cache's rows are stored and read back.
 pub(crate) struct Codec {
     /// The scale, broadcastable against `[B, kv_heads, rows, head]`; `None`: not quantized.
@@ -69,10 +74,7 @@ impl Codec {
         kv_heads: i64,
         head: i64,
     ) -> Result<Codec> {
-        let kind = match node.attr(&format!("{what}_quant_type")) {
-            Some(AttrValue::String(v)) => v.clone(),
-            _ => return Ok(Codec { scale: None }),
-        };
+        let kind = kind(node, what)?;
         if kind == "NONE" {
             return Ok(Codec { scale: None });
         }

@@ -1,7 +1,7 @@
 //! Type conversions and predicates: Cast, CastLike, BitCast, IsNaN, IsInf, Not, BitwiseNot.
 
 use ep_core::float8::{self, Float8};
-use ep_core::lowering::{ALL_TYPES, FnLowering, INTS, TakesFloat8, require_input_type, require_inputs};
+use ep_core::lowering::{ALL_TYPES, FnLowering, INTS, TakesFloat8, input_type, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result};
 
@@ -34,8 +34,7 @@ fn convertible(t: ElemType) -> bool {
 }
 
 fn claim_conversion(node: &NodeInfo, to: ElemType) -> std::result::Result<(), Decline> {
-    let from = node.input(0).and_then(|v| v.elem_type);
-    match from {
+    match input_type(node, 0) {
         Some(f) if convertible(f) => {}
         other => return Err(Decline(format!("{} from {other:?} is not supported", node.op_type))),
     }
@@ -64,8 +63,8 @@ fn convert(ctx: &LowerCtx<'_>, x: &Array, from: ElemType, to: ElemType, saturate
     cast(x, to, stream_for(ctx, x.dtype(), to))
 }
 
-fn input_type(node: &NodeInfo, i: usize) -> Result<ElemType> {
-    Ok(node.input(i).and_then(|v| v.elem_type).ok_or_else(|| format!("input {i} has no known type"))?)
+fn type_of(node: &NodeInfo, i: usize) -> Result<ElemType> {
+    Ok(input_type(node, i).ok_or_else(|| format!("input {i} has no known type"))?)
 }
 
 fn claim_cast(node: &NodeInfo) -> std::result::Result<(), Decline> {
@@ -76,7 +75,7 @@ fn claim_cast(node: &NodeInfo) -> std::result::Result<(), Decline> {
 fn lower_cast(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
     let saturate = node.attr_int("saturate", 1)? != 0;
-    Ok(vec![convert(ctx, x, input_type(node, 0)?, target(node)?, saturate)?])
+    Ok(vec![convert(ctx, x, type_of(node, 0)?, target(node)?, saturate)?])
 }
 
 ep_core::register_lowering!(
@@ -129,14 +128,14 @@ ep_core::register_lowering!(
 
 fn claim_cast_like(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 2, 2)?;
-    let to = node.input(1).and_then(|v| v.elem_type).ok_or_else(|| Decline("the target type is unknown".into()))?;
+    let to = input_type(node, 1).ok_or_else(|| Decline::new("the target type is unknown"))?;
     claim_conversion(node, to)
 }
 
 fn lower_cast_like(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let x = ctx.input(0)?;
     let saturate = node.attr_int("saturate", 1)? != 0;
-    Ok(vec![convert(ctx, x, input_type(node, 0)?, input_type(node, 1)?, saturate)?])
+    Ok(vec![convert(ctx, x, type_of(node, 0)?, type_of(node, 1)?, saturate)?])
 }
 
 ep_core::register_lowering!(
@@ -266,12 +265,6 @@ mod spec {
             _ => Values::Uniform { lo: -128.0, hi: 128.0 },
         }
     }
-
-    /// ONNX's float8 types: (code, largest finite value, the largest magnitude whose
-    /// non-saturating conversion ORT's CPU EP performs as the specification does; see
-    /// `ep_core::float8` for the ranges beyond it where ORT 1.31 departs).
-    const FLOAT8: &[(i64, f64, f64)] =
-        &[(17, 448.0, 470.0), (18, 240.0, 1e6), (19, 57344.0, 61000.0), (20, 57344.0, 1e6)];
 
     /// `x -> Cast(to float8, saturate) -> [Cast(to another float8)] -> Cast(back) -> y`: the
     /// float8 values never leave the partition (the suite feeds and reads only the host's

@@ -448,12 +448,6 @@ pub(crate) mod spec {
             .boxed()
     }
 
-    /// ONNX's float8 types: (code, largest finite value, the largest magnitude whose
-    /// non-saturating conversion ORT's CPU EP performs as the specification does; see
-    /// `ep_core::float8`).
-    const FLOAT8: &[(i64, f64, f64)] =
-        &[(17, 448.0, 470.0), (18, 240.0, 1e6), (19, 57344.0, 61000.0), (20, 57344.0, 1e6)];
-
     /// `QuantizeLinear(x, scale) -> float8 (output_dtype) -> DequantizeLinear(t, scale) -> y`,
     /// the node under test one of the two (the float8 values stay inside the partition: the
     /// suite feeds and reads only the host's types).
