@@ -14,6 +14,7 @@ pub fn run(args: &[String]) -> Result {
     if let Some(a) = args.first() {
         return Err(format!("test: unknown option `{a}`"));
     }
+    util::build_without_incremental();
     setup::ensure(None)?;
     step("house rules: cargo fmt --check, cargo clippy -D warnings");
     util::run(util::cargo().args(["fmt", "--all", "--check"]))?;

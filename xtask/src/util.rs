@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub type Result<T = ()> = std::result::Result<T, String>;
 
@@ -23,7 +24,19 @@ pub fn venv_python() -> PathBuf {
 pub fn cargo() -> Command {
     let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     c.current_dir(root());
+    if NO_INCREMENTAL.load(Ordering::Relaxed) && std::env::var_os("CARGO_INCREMENTAL").is_none() {
+        c.env("CARGO_INCREMENTAL", "0");
+    }
     c
+}
+
+static NO_INCREMENTAL: AtomicBool = AtomicBool::new(false);
+
+/// Every later `cargo` this process starts builds without incremental state (unless the
+/// caller set `CARGO_INCREMENTAL`): `cargo xtask test` builds each crate once, and the
+/// incremental caches would take gigabytes of a CI machine's disk for nothing.
+pub fn build_without_incremental() {
+    NO_INCREMENTAL.store(true, Ordering::Relaxed);
 }
 
 /// Runs a command, failing with its command line when it does not exit 0.
