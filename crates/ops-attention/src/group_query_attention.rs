@@ -41,7 +41,7 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
             return Err(Decline(format!("input {i} is {:?} and query {t:?}", v.elem_type)));
         }
     }
-    // The caches: the query's type, or 8-bit with a scale (`kv_quant.rs`).
+    // The caches: the query's type, or 8- or 4-bit with a scale (`kv_quant.rs`).
     crate::kv_quant::claim(node, "k", (12, 3, 1), t)?;
     crate::kv_quant::claim(node, "v", (13, 4, 2), t)?;
     require_input_type(node, 5, &[ElemType::I32])?;
@@ -104,6 +104,8 @@ fn int(v: i64, s: &Stream) -> Result<Array> {
 /// Present K or V: past rows below `past_b` kept, `new` (`[B, kv_heads, S, H]`) at rows
 /// `[past_b, past_b + S)`, zeros elsewhere; `len` rows.
 fn present(past: Option<&Array>, new: &Array, past_b: &Array, len: i64, g: &Geometry, s: &Stream) -> Result<Array> {
+    // (A row's width: the head, or half of it for a 4-bit cache's packed codes.)
+    let width = new.shape()[3];
     let rows = iota(len, 2, s)?;
     let zero = ops::scalar(0.0, new.dtype(), s)?;
     let base = match past {
@@ -116,14 +118,14 @@ fn present(past: Option<&Array>, new: &Array, past_b: &Array, len: i64, g: &Geom
             };
             ops::where_(&ops::less(&rows, past_b, s)?, &p, &zero, s)?
         }
-        None => ops::full(&[g.batch, g.kv_heads, len, g.head], &zero, new.dtype(), s)?,
+        None => ops::full(&[g.batch, g.kv_heads, len, width], &zero, new.dtype(), s)?,
     };
     // Row r takes new[r - past_b] where that is in [0, S).
     let offset = ops::subtract(&rows, past_b, s)?;
     let inside =
         ops::logical_and(&ops::greater_equal(&offset, &int(0, s)?, s)?, &ops::less(&offset, &int(g.seq, s)?, s)?, s)?;
     let index = ops::clip(&offset, Some(&int(0, s)?), Some(&int(g.seq - 1, s)?), s)?;
-    let index = ops::broadcast_to(&index, &[g.batch, g.kv_heads, len, g.head], s)?;
+    let index = ops::broadcast_to(&index, &[g.batch, g.kv_heads, len, width], s)?;
     let gathered = ops::take_along_axis(new, &index, 2, s)?;
     Ok(ops::where_(&inside, &gathered, &base, s)?)
 }
@@ -194,6 +196,13 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
 
     let past_k = ctx.optional_input(3).cloned();
     let past_v = ctx.optional_input(4).cloned();
+    for (past, what) in [(&past_k, "past_key"), (&past_v, "past_value")] {
+        if let Some(p) = past
+            && p.ndim() != 4
+        {
+            bail!("{what} {:?} is not 4-D [batch, kv_num_heads, rows, head]", p.shape());
+        }
+    }
     let past_len = past_k.as_ref().map_or(0, |p| p.shape()[2]);
     let total = match ctx.host_i64(6) {
         Ok(v) => *v.first().ok_or_else(|| Error::new("total_sequence_length is empty"))?,
@@ -321,12 +330,19 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     // output_qk: 1, each query's scaled (and soft-capped, biased) scores; 2, its attention
     // probabilities: `[B, heads, S, total_sequence_length]`, 0 where a key is not seen.
     let qk_output = if node.output(3).is_some() { node.attr_int("qk_output", 0)? } else { 0 };
-    // An 8-bit cache: the new rows stored as its codes, the present read back dequantized.
+    // A quantized cache: the new rows stored as its codes, the present read back dequantized.
     let codecs = (
         crate::kv_quant::Codec::read(ctx, node, "k", 12, kv_heads, g.head)?,
         crate::kv_quant::Codec::read(ctx, node, "v", 13, kv_heads, g.head)?,
     );
     let quantized = codecs.0.quantized() || codecs.1.quantized();
+    for (past, codec, what) in [(&past_k, &codecs.0, "past_key"), (&past_v, &codecs.1, "past_value")] {
+        if let Some(p) = past
+            && p.shape()[3] != codec.width(g.head)
+        {
+            bail!("{what} {:?} does not hold rows of {} for heads of {}", p.shape(), codec.width(g.head), g.head);
+        }
+    }
     if let (true, Some(pk), Some(pv)) = (ctx.shapeless() && past_len + g.seq == total, &past_k, &past_v) {
         if quantized {
             bail!("a quantized KV cache has no decode-slot form");
@@ -627,10 +643,10 @@ mod spec {
     register_spec!(super::GROUP_QUERY_ATTENTION, || {
         let heads = (1..=2i64, 1..=2i64, prop_oneof![Just(16i64), Just(32)], 1..=2i64);
         let flags = (any::<(bool, bool, bool)>(), 0..3u8, 0..4u8, any::<(bool, bool)>());
-        // qk_output: 0 (mostly), 1 scores, 2 probabilities; an 8-bit KV cache (0: none, 1:
-        // per tensor, 2: per channel).
+        // qk_output: 0 (mostly), 1 scores, 2 probabilities; a quantized KV cache (0: none; 1,
+        // 3: per tensor; 2, 4: per channel; 1, 2: 8-bit, 3, 4: 4-bit).
         let qk = prop_oneof![4 => Just(0i64), 1 => Just(1i64), 1 => Just(2i64)];
-        let quant = prop_oneof![4 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8)];
+        let quant = prop_oneof![6 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8), 1 => Just(4u8)];
         (dtype_of(&[DType::F32, DType::F16]), heads, 0..3u8, (1..=4i64, 0..=5i64), flags, (qk, quant), seed())
             .prop_map(
                 |(
@@ -684,21 +700,22 @@ mod spec {
                             &[b, sq, kvh * h],
                         );
                     }
-                    // An 8-bit cache holds codes of either sign, some of the new rows saturating.
-                    let (ct, codes) = if quant > 0 {
-                        (DType::I8, Values::Uniform { lo: -120.0, hi: 120.0 })
-                    } else {
-                        (t, Values::default_for(t))
+                    // An 8-bit cache holds codes of either sign, some of the new rows saturating;
+                    // a 4-bit one any bytes (two codes each), rows half a head wide.
+                    let (ct, codes, w) = match quant {
+                        0 => (t, Values::default_for(t), h),
+                        1 | 2 => (DType::I8, Values::Uniform { lo: -120.0, hi: 120.0 }, h),
+                        _ => (DType::U8, Values::Uniform { lo: 0.0, hi: 256.0 }, h / 2),
                     };
-                    // (A first prompt into an 8-bit cache passes an empty past: the present's type
+                    // (A first prompt into a quantized cache passes an empty past: the present's type
                     // follows the past's.)
                     case = if phase == 0 && quant == 0 {
                         case.absent().absent()
                     } else {
-                        case.input_with("past_k", ct, &[b, kvh, p_rows, h], codes.clone()).input_with(
+                        case.input_with("past_k", ct, &[b, kvh, p_rows, w], codes.clone()).input_with(
                             "past_v",
                             ct,
-                            &[b, kvh, p_rows, h],
+                            &[b, kvh, p_rows, w],
                             codes,
                         )
                     };
@@ -721,9 +738,13 @@ mod spec {
                         if !rotary {
                             case = case.absent().absent();
                         }
-                        let scale_shape = if quant == 1 { vec![1] } else { vec![kvh, 1, h] };
-                        let kind = if quant == 1 { "PER_TENSOR" } else { "PER_CHANNEL" };
-                        let scales = Values::Uniform { lo: 0.005, hi: 0.02 };
+                        let scale_shape = if quant % 2 == 1 { vec![1] } else { vec![kvh, 1, h] };
+                        let kind = if quant % 2 == 1 { "PER_TENSOR" } else { "PER_CHANNEL" };
+                        let (bits, scales) = if quant <= 2 {
+                            (8, Values::Uniform { lo: 0.005, hi: 0.02 })
+                        } else {
+                            (4, Values::Uniform { lo: 0.08, hi: 0.3 })
+                        };
                         case = case
                             .absent()
                             .absent()
@@ -732,7 +753,7 @@ mod spec {
                             .input_with("v_scale", DType::F32, &scale_shape, scales)
                             .attr_str("k_quant_type", kind)
                             .attr_str("v_quant_type", kind)
-                            .attr_int("kv_cache_bit_width", 8);
+                            .attr_int("kv_cache_bit_width", bits);
                     }
                     if sink {
                         case = case.attr_int("smooth_softmax", 1);
@@ -747,8 +768,8 @@ mod spec {
                         .attr_int("num_heads", nh)
                         .attr_int("kv_num_heads", kvh)
                         .output("y", t, &[b, sq, nh * h])
-                        .output("present_k", ct, &[b, kvh, present_rows, h])
-                        .output("present_v", ct, &[b, kvh, present_rows, h]);
+                        .output("present_k", ct, &[b, kvh, present_rows, w])
+                        .output("present_v", ct, &[b, kvh, present_rows, w]);
                     if qk_output > 0 {
                         case = case.attr_int("qk_output", qk_output).output("output_qk", t, &[b, nh, sq, total]);
                     }

@@ -1,8 +1,11 @@
-//! GroupQueryAttention's 8-bit KV cache, as ORT's CPU kernel keeps it: `k_quant_type` /
+//! GroupQueryAttention's quantized KV caches, as ORT's CPU kernel keeps them: `k_quant_type` /
 //! `v_quant_type` `PER_TENSOR` (a scale of one element) or `PER_CHANNEL` (`[kv_heads, 1,
-//! head]`), `kv_cache_bit_width` 8, past and present int8. The new rows are stored as
-//! `clip(round(x / scale), -128, 127)` (halves to even; NaN stored as 127), and attention reads
-//! the whole present dequantized (`q * scale`), the new rows too.
+//! head]`), `kv_cache_bit_width` 8 (past and present int8, `[B, kv_heads, rows, head]`) or 4
+//! (uint8 holding two codes, `[B, kv_heads, rows, head / 2]`: the even element in the low
+//! nibble, each code stored plus 8). The new rows are stored as `clip(round(x * (1 / scale)),
+//! -128, 127)` (or `-8, 7`; halves to even; NaN stored as the largest code; a zero scale
+//! read as 1), and attention reads the whole present dequantized (`q * scale`), the new rows
+//! too.
 
 use ep_core::lowering::require_input_type;
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -29,19 +32,22 @@ pub(crate) fn claim(
             Ok(false)
         }
         "PER_TENSOR" | "PER_CHANNEL" => {
-            let bits = node.attr_int("kv_cache_bit_width", 0)?;
-            if bits != 8 {
-                return Err(Decline(format!("kv_cache_bit_width={bits}: only 8-bit caches are supported")));
-            }
+            let code = match node.attr_int("kv_cache_bit_width", 0)? {
+                8 => ElemType::I8,
+                4 => ElemType::U8,
+                bits => {
+                    return Err(Decline(format!("kv_cache_bit_width={bits}: 8-bit and 4-bit caches are supported")));
+                }
+            };
             if node.input(scale).is_none() {
                 return Err(Decline(format!("{what}_quant_type={kind} without {what}_scale")));
             }
             require_input_type(node, scale, &[ElemType::F32])?;
             if node.input(past).is_some() {
-                require_input_type(node, past, &[ElemType::I8])?;
+                require_input_type(node, past, &[code])?;
             }
-            if node.output(present).and_then(|v| v.elem_type).is_some_and(|t| t != ElemType::I8) {
-                return Err(Decline(format!("present_{what} of a quantized cache is not int8")));
+            if node.output(present).and_then(|v| v.elem_type).is_some_and(|t| t != code) {
+                return Err(Decline(format!("present_{what} of a quantized cache is not {code:?}")));
             }
             Ok(true)
         }
@@ -62,6 +68,8 @@ fn kind(node: &NodeInfo, what: &str) -> std::result::Result<String, String> {
 pub(crate) struct Codec {
     /// The scale, broadcastable against `[B, kv_heads, rows, head]`; `None`: not quantized.
     scale: Option<Array>,
+    /// 8 or 4 (two codes a byte).
+    bits: i64,
 }
 
 impl Codec {
@@ -76,7 +84,11 @@ impl Codec {
     ) -> Result<Codec> {
         let kind = kind(node, what)?;
         if kind == "NONE" {
-            return Ok(Codec { scale: None });
+            return Ok(Codec { scale: None, bits: 0 });
+        }
+        let bits = node.attr_int("kv_cache_bit_width", 0)?;
+        if bits == 4 && head % 2 != 0 {
+            bail!("a 4-bit {what} cache packs two elements a byte: head size {head} is odd");
         }
         let s = ctx.stream();
         let sc = ops::astype(ctx.input(scale)?, Dtype::F32, s)?;
@@ -95,29 +107,63 @@ impl Codec {
             }
             other => bail!("{what}_quant_type={other} is not supported"),
         };
-        Ok(Codec { scale: Some(scale) })
+        Ok(Codec { scale: Some(scale), bits })
     }
 
     pub(crate) fn quantized(&self) -> bool {
         self.scale.is_some()
     }
 
-    /// New rows as the cache holds them: int8 codes, or `x` itself.
+    /// The cache's last dimension for heads of `head` elements.
+    pub(crate) fn width(&self, head: i64) -> i64 {
+        if self.quantized() && self.bits == 4 { head / 2 } else { head }
+    }
+
+    /// New rows `[B, kv_heads, S, head]` as the cache holds them: int8 codes, 4-bit codes
+    /// packed two a byte, or `x` itself.
     pub(crate) fn store(&self, x: &Array, s: &Stream) -> Result<Array> {
         let Some(scale) = &self.scale else { return Ok(x.clone()) };
-        let q = ops::round(&ops::divide(&ops::astype(x, Dtype::F32, s)?, scale, s)?, s)?;
-        let (lo, hi) = (ops::scalar(-128.0, Dtype::F32, s)?, ops::scalar(127.0, Dtype::F32, s)?);
+        // Multiplied by the scale's reciprocal (rounded once), as ORT's kernel computes it.
+        let one = ops::scalar(1.0, Dtype::F32, s)?;
+        let zero = ops::scalar(0.0, Dtype::F32, s)?;
+        let inverse = ops::where_(&ops::equal(scale, &zero, s)?, &one, &ops::divide(&one, scale, s)?, s)?;
+        let q = ops::round(&ops::multiply(&ops::astype(x, Dtype::F32, s)?, &inverse, s)?, s)?;
+        let (lo, hi) = if self.bits == 4 { (-8.0, 7.0) } else { (-128.0, 127.0) };
+        let (lo, hi) = (ops::scalar(lo, Dtype::F32, s)?, ops::scalar(hi, Dtype::F32, s)?);
         let q = ops::clip(&q, Some(&lo), Some(&hi), s)?;
         let q = ops::where_(&ops::isnan(&q, s)?, &hi, &q, s)?;
-        Ok(ops::astype(&q, Dtype::I8, s)?)
+        if self.bits != 4 {
+            return Ok(ops::astype(&q, Dtype::I8, s)?);
+        }
+        // Codes plus 8 in 0..=15, pairs along the head: the even one low, the odd one high.
+        let u = ops::astype(&ops::add(&q, &ops::scalar(8.0, Dtype::F32, s)?, s)?, Dtype::U8, s)?;
+        let mut pairs = x.shape();
+        let head = pairs.pop().unwrap_or(0);
+        pairs.extend([head / 2, 2]);
+        let mut p = ops::split_at(&ops::reshape(&u, &pairs, s)?, &[1], -1, s)?.into_iter();
+        let (Some(even), Some(odd)) = (p.next(), p.next()) else { bail!("the codes did not split in pairs") };
+        let sixteen = ops::scalar(16.0, Dtype::U8, s)?;
+        let packed = ops::add(&even, &ops::multiply(&odd, &sixteen, s)?, s)?;
+        pairs.pop();
+        Ok(ops::reshape(&packed, &pairs, s)?)
     }
 
     /// Cache rows as float32 for the attention.
     pub(crate) fn load(&self, x: &Array, s: &Stream) -> Result<Array> {
-        let f = ops::astype(x, Dtype::F32, s)?;
-        Ok(match &self.scale {
-            Some(scale) => ops::multiply(&f, scale, s)?,
-            None => f,
-        })
+        let Some(scale) = &self.scale else { return Ok(ops::astype(x, Dtype::F32, s)?) };
+        let q = if self.bits == 4 {
+            // Each byte's low nibble, then its high one, less 8.
+            let sixteen = ops::scalar(16.0, Dtype::U8, s)?;
+            let (low, high) = (ops::remainder(x, &sixteen, s)?, ops::floor_divide(x, &sixteen, s)?);
+            let both = ops::stack(&[low, high], -1, s)?;
+            let mut shape = x.shape();
+            let width = shape.pop().unwrap_or(0);
+            shape.push(width * 2);
+            let codes = ops::astype(&ops::reshape(&both, &shape, s)?, Dtype::F32, s)?;
+            ops::subtract(&codes, &ops::scalar(8.0, Dtype::F32, s)?, s)?
+        } else {
+            ops::astype(x, Dtype::F32, s)?
+        };
+        Ok(ops::multiply(&q, scale, s)?)
     }
 }
