@@ -236,9 +236,10 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             g.seq
         );
     }
+    // (Read as its elements, as ORT reads it, whatever its shape.)
     let seqlens_shape = ctx.input(5)?.shape();
-    if seqlens_shape != [g.batch] {
-        bail!("seqlens_k {seqlens_shape:?} must be 1-D with one entry per batch entry ({})", g.batch);
+    if seqlens_shape.iter().product::<i64>() != g.batch {
+        bail!("seqlens_k {seqlens_shape:?} must hold one entry per batch entry ({})", g.batch);
     }
     let present_len = total.max(past_len);
     let first_prompt = g.seq == total;
@@ -492,7 +493,11 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     // masked key's infinite score NaN, where ORT never computes that score). With a bias the
     // scores are masked after it is added, below.
     let mut qk = None;
-    let y = if softcap <= 0.0 && !sink && bias.is_none() && qk_output == 0 {
+    // MLX's fused kernel on a GPU; elsewhere MLX computes the scores apart anyway, and the
+    // explicit form below gives a query whose every seen score is -inf (an infinite input)
+    // ORT's answer, 0, where softmax has none.
+    let fused = ep_core::mlx::default_device_is_gpu();
+    let y = if fused && softcap <= 0.0 && !sink && bias.is_none() && qk_output == 0 {
         ops::scaled_dot_product_attention(&qf, &kf, &vf, scale, Some(&allowed), false, s)?
     } else {
         let reps = heads / kv_heads;
@@ -511,6 +516,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         }
         let neg_inf = ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?;
         scores = ops::where_(&allowed, &scores, &neg_inf, s)?;
+        let none_finite = ops::isneginf(&ops::max_axes(&scores, &[3], true, s)?, s)?;
         let probs = if sink {
             // An extra logit per head (head_sink, or 0) that takes probability but no value.
             let sink_logit = match ctx.optional_input(11) {
@@ -527,7 +533,7 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             // (A query that sees no key has no probabilities: 0, not softmax's NaN.)
             qk = Some(ops::where_(&allowed, &probs, &zero, s)?);
         }
-        ops::matmul(&probs, &vr, s)?
+        ops::where_(&none_finite, &zero, &ops::matmul(&probs, &vr, s)?, s)?
     };
     let y = match dead {
         Some(d) => ops::where_(&d, &ops::scalar(0.0, Dtype::F32, s)?, &y, s)?,

@@ -100,8 +100,12 @@ impl Codec {
                 ops::reshape(&sc, &[], s)?
             }
             "PER_CHANNEL" => {
-                if sc.shape() != [kv_heads, 1, head] {
-                    bail!("{what}_scale {:?} of a PER_CHANNEL cache must be [{kv_heads}, 1, {head}]", sc.shape());
+                // (Read as its elements, as ORT's kernel reads it, whatever its shape.)
+                if sc.size() as i64 != kv_heads * head {
+                    bail!(
+                        "{what}_scale {:?} of a PER_CHANNEL cache must hold {kv_heads} x {head} values ([{kv_heads}, 1, {head}])",
+                        sc.shape()
+                    );
                 }
                 ops::reshape(&sc, &[1, kv_heads, 1, head], s)?
             }
