@@ -500,9 +500,14 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let y = if fused && softcap <= 0.0 && !sink && bias.is_none() && qk_output == 0 {
         ops::scaled_dot_product_attention(&qf, &kf, &vf, scale, Some(&allowed), false, s)?
     } else {
+        // Each KV head's query heads as one block of rows (query head h reads KV head
+        // h / reps): no copy of the keys and values per query head.
         let reps = heads / kv_heads;
-        let (kr, vr) = (heads::repeat(&kf, reps, s)?, heads::repeat(&vf, reps, s)?);
-        let mut scores = ops::scale(&ops::matmul(&qf, &ops::transpose_axes(&kr, &[0, 1, 3, 2], s)?, s)?, scale, s)?;
+        let grouped = [g.batch, kv_heads, reps * g.seq, -1];
+        let by_head = [g.batch, heads, g.seq, -1];
+        let qg = ops::reshape(&qf, &grouped, s)?;
+        let raw = ops::matmul(&qg, &ops::transpose_axes(&kf, &[0, 1, 3, 2], s)?, s)?;
+        let mut scores = ops::scale(&ops::reshape(&raw, &by_head, s)?, scale, s)?;
         if softcap > 0.0 {
             let c = ops::scalar(softcap as f64, Dtype::F32, s)?;
             scores = ops::multiply(&ops::tanh(&ops::divide(&scores, &c, s)?, s)?, &c, s)?;
@@ -533,7 +538,8 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             // (A query that sees no key has no probabilities: 0, not softmax's NaN.)
             qk = Some(ops::where_(&allowed, &probs, &zero, s)?);
         }
-        ops::where_(&none_finite, &zero, &ops::matmul(&probs, &vr, s)?, s)?
+        let y = ops::matmul(&ops::reshape(&probs, &grouped, s)?, &vf, s)?;
+        ops::where_(&none_finite, &zero, &ops::reshape(&y, &by_head, s)?, s)?
     };
     let y = match dead {
         Some(d) => ops::where_(&d, &ops::scalar(0.0, Dtype::F32, s)?, &y, s)?,
