@@ -1,6 +1,6 @@
 """Control flow on the MLX EP, checked the way users run it (ONNX Runtime 1.31.1 from PyPI
 with the plugin registered): Scan in its forms (axes, directions, several scan inputs and
-outputs, no iterations), Loop in its forms (trip count, condition, early exit by the body's
+outputs, no iterations; opset 8's batch axis and sequence lengths), Loop in its forms (trip count, condition, early exit by the body's
 condition, no iterations, scan outputs), and two model shapes from real audio models, each of which must run
 as ONE MLX partition and match ORT's CPU EP (allclose, rtol 1e-3, atol 1e-4):
 - a voice-activity detector: a sample-rate If whose branches hold a Conv front-end and a
@@ -133,6 +133,49 @@ def test_scan8_batch_forms():
         )
         feeds = [{n: rng.standard_normal(sh).astype(np.float32) for n, sh in (("x", (3, 4)), ("a", (3, 5, 4)), ("b", (3, 5, 4)))}]
         compare(m, feeds)
+
+
+def test_scan8_sequence_lens():
+    """Opset 8's Scan with `sequence_lens`: entries of different lengths (each at most the
+    time steps), one scan input reversed within its entry's length; final states after each
+    entry's length, scan outputs zero past it. A length outside [1, time] fails the run, as
+    on the CPU EP."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["acc_in", "a_t"], ["s1"]),
+            helper.make_node("Mul", ["s1", "b_t"], ["acc_out"]),
+            helper.make_node("Sub", ["acc_out", "a_t"], ["diff"]),
+        ],
+        "body",
+        [vi("acc_in", F, [4]), vi("a_t", F, [4]), vi("b_t", F, [4])],
+        [vi("acc_out", F, [4]), vi("diff", F, [4])],
+    )
+    rng = np.random.default_rng(9)
+    i64 = TensorProto.INT64
+    for directions in ([0, 0], [1, 0], [0, 1], [1, 1]):
+        node = helper.make_node(
+            "Scan", ["lens", "acc0", "a", "b"], ["acc", "diffs"], name="scan8", body=body, num_scan_inputs=2, directions=directions
+        )
+        m = model(
+            [node],
+            [vi("lens", i64, [4]), vi("acc0", F, [4, 4]), vi("a", F, [4, 6, 4]), vi("b", F, [4, 6, 4])],
+            [vi("acc", F, [4, 4]), vi("diffs", F, [4, 6, 4])],
+            opset=8,
+        )
+        feeds = []
+        for lens in ([1, 6, 3, 5], [6, 6, 6, 6], [2, 1, 1, 4]):
+            feed = {n: rng.standard_normal(sh).astype(np.float32) for n, sh in (("acc0", (4, 4)), ("a", (4, 6, 4)), ("b", (4, 6, 4)))}
+            feed["lens"] = np.array(lens, np.int64)
+            feeds.append(feed)
+        s = compare(m, feeds)
+    for bad in ([0, 6, 3, 5], [1, 7, 3, 5]):
+        feed = dict(feeds[0], lens=np.array(bad, np.int64))
+        try:
+            s.run(None, feed)
+        except Exception as e:
+            assert "sequence_lens" in str(e) and "'scan8'" in str(e), e
+        else:
+            raise AssertionError(f"sequence_lens {bad} ran")
 
 
 def test_scan_without_iterations():
@@ -553,6 +596,8 @@ def main():
         return if_child()
     check("Scan: scan axes, directions, two scan inputs and outputs, on MLX, match", test_scan_forms)
     check("Scan of opset 8: a batch axis, directions, on MLX, match", test_scan8_batch_forms)
+    check("Scan of opset 8 with sequence_lens: entries of different lengths, reversed inputs, on MLX, match; "
+          "a length outside [1, time] fails the run", test_scan8_sequence_lens)
     check("Scan with no iterations: initial states, empty scan outputs", test_scan_without_iterations)
     check("Scan inputs of different lengths: a clear error naming the node", test_scan_inputs_of_different_lengths_fail_cleanly)
     check("Loop: trip count, condition, early exit, no iterations, scan output, on MLX, match", test_loop_forms)

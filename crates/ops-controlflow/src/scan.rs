@@ -139,7 +139,7 @@ impl Lowering for Scan {
             slices.push(parts);
         }
         let count = count.unwrap_or(0) as usize;
-        let (states, elements) = unroll(ctx, node, body, states, &slices, count, layout.k)?;
+        let (states, elements) = unroll(ctx, node, body, states, &slices, count, layout.k, None)?;
         let mut results = states;
         for (kk, mut e) in elements.into_iter().enumerate() {
             let out = if e.is_empty() {
@@ -194,7 +194,9 @@ pub(crate) fn check_unrollable(body: &ep_core::Subgraph) -> std::result::Result<
 /// Runs `body` `count` times (unrolled into the trace; where the partition runs eagerly, the
 /// body is a compiled closure of its own, replayed per iteration) over `states` and each scan
 /// input's slices in iteration order: the final states and each of the `k` scan outputs'
-/// elements in iteration order.
+/// elements in iteration order. With a `length` (an int32 scalar, Scan 8's sequence length
+/// of one batch entry), the iterations from `length` on keep the states and give zeros.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn unroll(
     ctx: &mut LowerCtx<'_>,
     node: &NodeInfo,
@@ -203,7 +205,9 @@ pub(crate) fn unroll(
     slices: &[Vec<Array>],
     count: usize,
     k: usize,
+    length: Option<&Array>,
 ) -> Result<(Vec<Array>, Vec<Vec<Array>>)> {
+    let s = ctx.stream();
     let n = states.len();
     let mut elements: Vec<Vec<Array>> = vec![Vec::with_capacity(count); k];
     let outer: Vec<String> = node.implicit_inputs.iter().map(|v| v.name.clone()).collect();
@@ -214,7 +218,16 @@ pub(crate) fn unroll(
         if outs.len() != n + k {
             bail!("the body gave {} outputs; the node has {}", outs.len(), n + k);
         }
-        let scanned = outs.split_off(n);
+        let mut scanned = outs.split_off(n);
+        if let Some(length) = length {
+            let live = ops::less(&ops::scalar(it as f64, ep_core::mlx::Dtype::I32, s)?, length, s)?;
+            for (new, old) in outs.iter_mut().zip(&states) {
+                *new = ops::where_(&live, new, old, s)?;
+            }
+            for a in &mut scanned {
+                *a = ops::where_(&live, a, &ops::scalar(0.0, a.dtype(), s)?, s)?;
+            }
+        }
         states = outs;
         for (e, a) in elements.iter_mut().zip(scanned) {
             e.push(a);

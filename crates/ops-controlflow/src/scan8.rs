@@ -3,12 +3,16 @@
 //! batch entry's state and time step (no batch axis), `directions` turns a scan input around,
 //! and the outputs are the final states `[batch, ...]` and the scan outputs `[batch, time,
 //! ...]` in iteration order. Each batch entry is unrolled as opset 9's Scan unrolls its
-//! iterations (at most [`MAX_ITERATIONS`] body runs in all). Sequence lengths (entries of
-//! different lengths) are left to ORT's CPU EP.
+//! iterations (at most [`MAX_ITERATIONS`] body runs in all). With `sequence_lens` (int64, one
+//! length in `1..=time` per entry, as ORT's CPU EP requires: another fails the run), entry
+//! `b` runs `L_b` iterations over the first `L_b` steps of its scan inputs (a reversed input
+//! read from step `L_b - 1` down), its final states are those after them, and its scan outputs
+//! are zero past them: every entry is unrolled for `time` iterations, the later ones
+//! selected away.
 
 use crate::scan::{MAX_ITERATIONS, check_unrollable, slices_along, unroll};
 use ep_core::graph::NodeInfo;
-use ep_core::mlx::{Array, ops};
+use ep_core::mlx::{Array, Dtype, ops};
 use ep_core::{CompileSafety, Decline, Error, LowerCtx, Lowering, Result, bail};
 use std::ops::RangeInclusive;
 
@@ -50,9 +54,7 @@ impl Lowering for Scan8 {
 
     fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline> {
         let (n, m, _) = layout(node).map_err(Decline)?;
-        if node.input(0).is_some() {
-            return Err(Decline::new("sequence_lens (batch entries of different lengths) is not supported"));
-        }
+        ep_core::lowering::require_input_type(node, 0, &[ep_core::ElemType::I64])?;
         let body = node.attr_graph("body")?.ok_or_else(|| Decline::new("the body is missing"))?;
         if body.inputs.len() != n + m || body.outputs.len() != node.outputs.len() {
             return Err(Decline(format!(
@@ -96,6 +98,19 @@ impl Lowering for Scan8 {
         if batch * time > MAX_ITERATIONS {
             bail!("{batch} x {time} body runs; the MLX EP unrolls at most {MAX_ITERATIONS}");
         }
+        // Each entry's length, an int32 scalar, checked as ORT checks them.
+        let lengths = match ctx.optional_input(0).cloned() {
+            Some(lens) => {
+                if lens.shape() != [batch] {
+                    bail!("sequence_lens {:?} must hold one length per batch entry ({batch})", lens.shape());
+                }
+                let reason = format!("a sequence_lens entry is outside [1, {time}] (the scan inputs' time steps)");
+                ctx.check_range(&lens, 1, time, reason)?;
+                let lens = ops::astype(&lens, Dtype::I32, s)?;
+                Some(if batch == 0 { Vec::new() } else { slices_along(&lens, 0, s)? })
+            }
+            None => None,
+        };
         // Each input cut into its batch entries.
         let entries =
             |a: &Array| -> Result<Vec<Array>> { if batch == 0 { Ok(Vec::new()) } else { slices_along(a, 0, s) } };
@@ -105,15 +120,24 @@ impl Lowering for Scan8 {
         let mut outputs: Vec<Vec<Array>> = vec![Vec::new(); k];
         for b in 0..batch as usize {
             let init: Vec<Array> = state_entries.iter().map(|e| e[b].clone()).collect();
+            let length = lengths.as_ref().map(|l| &l[b]);
             let mut slices = Vec::with_capacity(m);
             for (j, e) in scan_entries.iter().enumerate() {
-                let mut parts = slices_along(&e[b], 0, s)?;
-                if directions[j] {
-                    parts.reverse();
-                }
+                let parts = match (directions[j], length) {
+                    (false, _) => slices_along(&e[b], 0, s)?,
+                    (true, None) => slices_along(&e[b], 0, s)?.into_iter().rev().collect(),
+                    // Step L - 1 - t at iteration t (clamped: iterations from L on are not kept).
+                    (true, Some(l)) => (0..time)
+                        .map(|t| {
+                            let at = ops::subtract(l, &ops::scalar((t + 1) as f64, Dtype::I32, s)?, s)?;
+                            let at = ops::maximum(&at, &ops::scalar(0.0, Dtype::I32, s)?, s)?;
+                            Ok(ops::take(&e[b], &at, 0, s)?)
+                        })
+                        .collect::<Result<_>>()?,
+                };
                 slices.push(parts);
             }
-            let (last, elements) = unroll(ctx, node, body, init, &slices, time as usize, k)?;
+            let (last, elements) = unroll(ctx, node, body, init, &slices, time as usize, k, length)?;
             for (f, a) in final_states.iter_mut().zip(last) {
                 f.push(a);
             }
