@@ -14,6 +14,7 @@ pub mod suite;
 
 pub use conformance_spec::{Case, DType};
 
+use mlx_ep_host::ort::value::TensorElementType;
 use mlx_ep_host::values::{self, HostTensor};
 use mlx_ep_host::{Ep, MLX_EP, assignment, ep_of, session_builder};
 
@@ -197,11 +198,25 @@ pub fn compare_distributions(got: &[HostTensor], expected: &[HostTensor]) -> Out
                 kinds(&e.values)
             ));
         }
-        // The support: 0/1 draws stay 0/1, non-negative integer draws (indices) stay so.
+        // The support: 0/1 draws of a float type (Bernoulli's) stay 0/1, non-negative integer
+        // draws (indices) stay so. (Integer draws are not held to 0/1: a few draws of class
+        // indices may all be 0 or 1 on one side and not on the other.)
         let within = |v: &[f64], p: &dyn Fn(f64) -> bool| v.iter().all(|&x| p(x));
         let binary = |x: f64| x == 0.0 || x == 1.0;
         let index = |x: f64| x >= 0.0 && x.fract() == 0.0;
-        for (name, p) in [("0 or 1", &binary as &dyn Fn(f64) -> bool), ("a non-negative integer", &index)] {
+        let float = matches!(
+            e.elem_type,
+            TensorElementType::Float32
+                | TensorElementType::Float64
+                | TensorElementType::Float16
+                | TensorElementType::Bfloat16
+        );
+        let supports: &[(&str, &dyn Fn(f64) -> bool)] = if float {
+            &[("0 or 1", &binary), ("a non-negative integer", &index)]
+        } else {
+            &[("a non-negative integer", &index)]
+        };
+        for &(name, p) in supports {
             if within(&e.values, p) && !within(&g.values, p) {
                 return Outcome::Failed(format!(
                     "output '{}': a value that is not {name} on MLX, unlike the CPU EP's",
@@ -237,7 +252,6 @@ pub fn compare_distributions(got: &[HostTensor], expected: &[HostTensor]) -> Out
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mlx_ep_host::ort::value::TensorElementType;
 
     fn samples(values: Vec<f64>) -> Vec<HostTensor> {
         vec![HostTensor {
@@ -266,7 +280,15 @@ mod tests {
         assert!(!compare_distributions(&samples(nan.clone()), &cpu).is_pass());
         assert!(compare_distributions(&samples(nan.clone()), &samples(nan)).is_pass());
         assert!(!compare_distributions(&samples(spread(511, 0.0, 1.0)), &cpu).is_pass());
-        // Outside the CPU EP's support: a 2 among 0/1 draws, however few.
+        // Outside the CPU EP's support: a 2 among 0/1 draws of a float type, however few; among
+        // integer draws (class indices) a 2 is another class, but -1 is outside.
         assert!(!compare_distributions(&samples(vec![0.0, 2.0, 1.0]), &samples(vec![1.0, 0.0, 1.0])).is_pass());
+        let ints = |v: Vec<f64>| {
+            let mut t = samples(v);
+            t[0].elem_type = TensorElementType::Int64;
+            t
+        };
+        assert!(compare_distributions(&ints(vec![0.0, 2.0, 1.0]), &ints(vec![1.0, 0.0, 1.0])).is_pass());
+        assert!(!compare_distributions(&ints(vec![0.0, -1.0, 1.0]), &ints(vec![1.0, 0.0, 1.0])).is_pass());
     }
 }

@@ -74,9 +74,11 @@ fn lower_fused_matmul(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Arr
         Ok(ops::transpose_axes(x, &perm, s)?)
     };
     // Any value other than 0 transposes, as ORT's CPU EP reads the flags.
-    let a = if node.attr_int("transA", 0)? != 0 { t(ctx.input(0)?)? } else { ctx.input(0)?.clone() };
+    let trans_a = node.attr_int("transA", 0)? != 0;
+    let a = if trans_a { t(ctx.input(0)?)? } else { ctx.input(0)?.clone() };
     let b = if node.attr_int("transB", 0)? != 0 { t(ctx.input(1)?)? } else { ctx.input(1)?.clone() };
-    crate::matmul::check_batch_broadcast(&a.shape(), &b.shape())?;
+    // (ORT multiplies a transposed A batch by batch: no folding of its rows.)
+    crate::matmul::check_batch_broadcast(&a.shape(), &b.shape(), !trans_a)?;
     let y = ops::matmul(&a, &b, s)?;
     let alpha = node.attr_float("alpha", 1.0)?;
     Ok(vec![if alpha == 1.0 { y } else { ops::scale(&y, alpha, s)? }])

@@ -7,11 +7,13 @@ use ep_core::mlx::{Array, ops};
 use ep_core::{CompileSafety, Decline, LowerCtx, Lowering, NodeInfo, Result, bail};
 use std::ops::RangeInclusive;
 
-/// The batch broadcasting of ORT's CPU EP, which is NumPy's without stretching `b`'s 1 to a 0
-/// (`[1, 3, 2] @ [0, 2, 4]` is refused, `[0, 3, 2] @ [1, 2, 4]` is empty); with a 1-D `b`, `a`'s rows count as a batch axis, and
-/// a 2-D `b` is shared by every batch of `a` unchecked.
-pub(crate) fn check_batch_broadcast(a: &[i64], b: &[i64]) -> Result<()> {
-    if b.len() == 2 && a.len() >= 2 {
+/// Whether `a @ b`'s batch dimensions broadcast as ORT's CPU EP allows: where every batch
+/// dimension of a matrix `b` is 1 (or it has none) and `fold` (`a` not transposed), `a`'s rows
+/// are multiplied as one matrix, whatever its batch (an empty one too); otherwise each pair
+/// of dimensions must be equal, or one of them 1 and the other not 0 (an empty batch does
+/// not broadcast against a batch of one, nor the other way round).
+pub(crate) fn check_batch_broadcast(a: &[i64], b: &[i64], fold: bool) -> Result<()> {
+    if fold && a.len() >= 2 && b.len() >= 2 && b[..b.len() - 2].iter().all(|&d| d == 1) {
         return Ok(());
     }
     let a_batch = if b.len() == 1 { &a[..a.len().saturating_sub(1)] } else { &a[..a.len().saturating_sub(2)] };
@@ -21,11 +23,7 @@ pub(crate) fn check_batch_broadcast(a: &[i64], b: &[i64]) -> Result<()> {
     let dim = |v: &[i64], i: usize| if i + v.len() < n { 1 } else { v[i + v.len() - n] };
     for i in 0..n {
         let (l, r) = (dim(a_batch, i), dim(b_batch, i));
-        // (An empty batch of `a` against a batch of one in `b` itself is empty, as ORT's CPU EP
-        // has it; against a missing one, as for a 1-D `b`, it refuses.)
-        let b_real = i + b_batch.len() >= n;
-        let out = if l == 0 && r == 1 && b_real { 0 } else { l.max(r) };
-        if (l != out && l != 1) || (r != out && r != 1) {
+        if !(l == r || (l == 1 && r != 0) || (r == 1 && l != 0)) {
             bail!("the batch dims of {a:?} and {b:?} do not broadcast (axis {i}: {l} and {r})");
         }
     }
@@ -58,7 +56,7 @@ impl Lowering for MatMul {
 
     fn lower(&self, ctx: &mut LowerCtx<'_>, _node: &NodeInfo) -> Result<Vec<Array>> {
         let (a, b) = (ctx.input(0)?.shape(), ctx.input(1)?.shape());
-        check_batch_broadcast(&a, &b)?;
+        check_batch_broadcast(&a, &b, true)?;
         // A weight its producer published in MLX's quantized form (a DequantizeLinear of a
         // constant): multiplied as it is stored, not dequantized.
         if let Some(w) = ctx.affine_weight(1, false)
@@ -244,4 +242,30 @@ mod spec {
 
     register_spec!(super::MATMUL, matmul);
     register_spec!(super::GEMM, gemm);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_batch_broadcast;
+
+    /// What ORT 1.31's CPU EP answers (MatMul, and FusedMatMul with `transA`: no folding).
+    #[test]
+    fn empty_batches_broadcast_as_the_cpu_ep_has_them() {
+        let fine = |a: &[i64], b: &[i64], fold: bool| check_batch_broadcast(a, b, fold).is_ok();
+        // b's batch all ones (or none): a's rows as one matrix, an empty batch too.
+        assert!(fine(&[0, 1, 3], &[1, 3, 2], true));
+        assert!(fine(&[0, 1, 3], &[3, 2], true));
+        assert!(fine(&[2, 0, 1, 3], &[1, 1, 3, 2], true));
+        assert!(fine(&[2, 0, 1, 3], &[1, 3, 2], true));
+        // Otherwise 0 against 1 is refused, either way round, and a transposed a never folds.
+        assert!(!fine(&[2, 0, 1, 3], &[2, 1, 3, 2], true));
+        assert!(!fine(&[5, 1, 1, 3], &[5, 0, 3, 2], true));
+        assert!(!fine(&[0, 2, 1, 3], &[1, 2, 3, 2], true));
+        assert!(!fine(&[0, 1, 3], &[3], true));
+        assert!(!fine(&[0, 1, 3], &[1, 3, 2], false));
+        assert!(!fine(&[0, 1, 3], &[3, 2], false));
+        // Ordinary broadcasting.
+        assert!(fine(&[2, 1, 4, 3], &[1, 5, 3, 2], false));
+        assert!(!fine(&[2, 4, 3], &[3, 3, 2], true));
+    }
 }
