@@ -39,6 +39,16 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if !(bool_ok && node.input(0).and_then(|v| v.elem_type) == Some(ElemType::Bool)) {
         require_input_type(node, 0, TYPES)?;
     }
+    if node.op_type == "ReduceLogSumExp"
+        && node
+            .input(0)
+            .and_then(|v| v.elem_type)
+            .is_some_and(|t| matches!(t, ElemType::I32 | ElemType::I64 | ElemType::U8 | ElemType::I8))
+    {
+        // ORT's integer form rounds its partial sums in the integer type by a rule of its own
+        // (the log-sum-exp of seven 5s and ten 4s is 6, of seven -5s and ten -6s -3).
+        return Err(Decline::new("ReduceLogSumExp of integers is left to ORT's CPU EP"));
+    }
     require_input_type(node, 1, &[ElemType::I64])
 }
 
@@ -73,11 +83,14 @@ fn reduce(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Arr
     axes.sort_unstable();
     axes.dedup();
     let dtype = x.dtype();
-    let s = ctx.stream_for(dtype);
-    // Half types accumulate in float32, as ORT's CPU EP does; bools are reduced as 0/1.
-    let work = match dtype {
-        Dtype::F16 | Dtype::BF16 => ops::astype(x, Dtype::F32, s)?,
-        Dtype::Bool => ops::astype(x, Dtype::U8, s)?,
+    let wide = widened(kind, dtype);
+    let s = ctx.stream_for(wide.unwrap_or(dtype));
+    // Half types accumulate in float32, as ORT's CPU EP does; bools are reduced as 0/1;
+    // integers as `widened` says.
+    let work = match (wide, dtype) {
+        (Some(w), _) => ops::astype(x, w, s)?,
+        (None, Dtype::F16 | Dtype::BF16) => ops::astype(x, Dtype::F32, s)?,
+        (None, Dtype::Bool) => ops::astype(x, Dtype::U8, s)?,
         _ => x.clone(),
     };
     let pre = match kind {
@@ -109,7 +122,48 @@ fn reduce(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Arr
     let out_shape: Vec<i64> =
         (0..r).filter_map(|d| if axes.contains(&d) { keep.then_some(1) } else { Some(shape[d]) }).collect();
     let y = ops::reshape(&y, &out_shape, s)?;
-    Ok(vec![cast_back(&y, dtype, s)?])
+    Ok(vec![if wide.is_some() { saturate(&y, dtype, s)? } else { cast_back(&y, dtype, s)? }])
+}
+
+/// The wider type an integer reduction runs in, as ORT's CPU EP reduces integers (in double,
+/// the result cast back saturating, truncated toward zero): sums of smaller integers in int64
+/// (exact, then clamped, which is ORT's answer while it is below 2^53), a product, sum of
+/// squares, mean, norm or log of any integer in float64 (MLX's own integer mean divides in
+/// float32, which loses digits past 2^24); int64 sums stay int64 (exact where ORT's double
+/// rounds past 2^53, wrapping past 2^63 where it saturates; a decoder's lengths are such
+/// sums, kept on the device). `None`: in the input's own type (and maxima and minima always).
+fn widened(kind: Kind, dtype: Dtype) -> Option<Dtype> {
+    if dtype.is_float() || dtype == Dtype::Bool {
+        return None;
+    }
+    match kind {
+        Kind::Max | Kind::Min => None,
+        Kind::Sum | Kind::L1 if dtype == Dtype::I64 => None,
+        // (Squares of int32 values overflow an int64 sum; past int32's range the answer
+        // saturates anyway, so float64's rounding does not show.)
+        Kind::Sum | Kind::L1 => Some(Dtype::I64),
+        _ => Some(Dtype::F64),
+    }
+}
+
+/// `y` (int64 or float64) back to the integer type `dtype`, clamped to its range.
+fn saturate(y: &Array, dtype: Dtype, s: &Stream) -> Result<Array> {
+    let (lo, hi) = match dtype {
+        Dtype::I8 => (i8::MIN as f64, i8::MAX as f64),
+        Dtype::U8 => (0.0, u8::MAX as f64),
+        Dtype::I32 => (i32::MIN as f64, i32::MAX as f64),
+        // (2^63 itself is not an int64: it becomes the largest one below.)
+        _ => (i64::MIN as f64, i64::MAX as f64),
+    };
+    let t = y.dtype();
+    let clamped = ops::clip(y, Some(&ops::scalar(lo, t, s)?), Some(&ops::scalar(hi, t, s)?), s)?;
+    let out = ops::astype(&clamped, dtype, s)?;
+    if dtype == Dtype::I64 && t == Dtype::F64 {
+        let top = ops::greater_equal(y, &ops::scalar(i64::MAX as f64, t, s)?, s)?;
+        let max = ops::astype(&Array::from_slice(&[i64::MAX], &[])?, Dtype::I64, s)?;
+        return Ok(ops::where_(&top, &max, &out, s)?);
+    }
+    Ok(out)
 }
 
 /// Max or min over `axes` (kept) as ORT's CPU EP computes it for floats: its running
@@ -228,14 +282,28 @@ mod spec {
                 }
                 let neg = pick >> 10 & 1 == 1;
                 let written: Vec<i64> = axes.iter().map(|&a| if neg { a - r as i64 } else { a }).collect();
+                // Integers small, or (half the cases) large: int32 sums past its range (ORT
+                // saturates them), int64 values past float32's digits, int64 products and
+                // squares past int64's (saturated, in float64 on both sides).
+                let large = seed >> 7 & 1 == 1 && !t.is_float() && t != DType::Bool;
+                let (lo, hi): (f64, f64) = match (t, op) {
+                    (DType::I64, "ReduceProd") if large => (-3e5, 3e5),
+                    (DType::I64, _) if large => (-3e12, 3e12),
+                    (_, _) if large => (-2e9, 2e9),
+                    _ => (-9.0, 9.0),
+                };
                 let vals = if t == DType::Bool {
                     Values::Uniform { lo: 0.0, hi: 2.0 }
                 } else if positive {
-                    Values::Uniform { lo: 0.1, hi: 2.0 }
+                    if t.is_float() {
+                        Values::Uniform { lo: 0.1, hi: 2.0 }
+                    } else {
+                        Values::Uniform { lo: 1.0, hi: hi.max(9.0) }
+                    }
                 } else if t.is_float() {
                     Values::Uniform { lo: -2.0, hi: 2.0 }
                 } else {
-                    Values::Uniform { lo: -9.0, hi: 9.0 }
+                    Values::Uniform { lo, hi }
                 };
                 let mut case = Case::op(op, v).input_with("x", t, &s, vals);
                 let noop = noop && v >= input_since && axes.is_empty();
@@ -269,15 +337,15 @@ mod spec {
     const NUM: &[DType] = &[DType::F32, DType::F32, DType::F16, DType::I32, DType::I64];
 
     register_spec!(super::REDUCE_SUM, || reduction("ReduceSum", 13, NUM, false));
-    register_spec!(super::REDUCE_MEAN, || reduction("ReduceMean", 18, FLOAT, false));
+    register_spec!(super::REDUCE_MEAN, || reduction("ReduceMean", 18, NUM, false));
     const NUM_BOOL: &[DType] = &[DType::F32, DType::F32, DType::F16, DType::I32, DType::I64, DType::Bool];
 
     register_spec!(super::REDUCE_MAX, || reduction("ReduceMax", 18, NUM_BOOL, false));
     register_spec!(super::REDUCE_MIN, || reduction("ReduceMin", 18, NUM_BOOL, false));
-    register_spec!(super::REDUCE_PROD, || reduction("ReduceProd", 18, FLOAT, false));
-    register_spec!(super::REDUCE_L1, || reduction("ReduceL1", 18, FLOAT, false));
-    register_spec!(super::REDUCE_L2, || reduction("ReduceL2", 18, FLOAT, false));
-    register_spec!(super::REDUCE_LOG_SUM, || reduction("ReduceLogSum", 18, FLOAT, true));
+    register_spec!(super::REDUCE_PROD, || reduction("ReduceProd", 18, NUM, false));
+    register_spec!(super::REDUCE_L1, || reduction("ReduceL1", 18, NUM, false));
+    register_spec!(super::REDUCE_L2, || reduction("ReduceL2", 18, NUM, false));
+    register_spec!(super::REDUCE_LOG_SUM, || reduction("ReduceLogSum", 18, NUM, true));
     register_spec!(super::REDUCE_LOG_SUM_EXP, || reduction("ReduceLogSumExp", 18, FLOAT, false));
-    register_spec!(super::REDUCE_SUM_SQUARE, || reduction("ReduceSumSquare", 18, FLOAT, false));
+    register_spec!(super::REDUCE_SUM_SQUARE, || reduction("ReduceSumSquare", 18, NUM, false));
 }
