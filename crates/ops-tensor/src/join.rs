@@ -51,8 +51,10 @@ fn lower_split(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let axis = normalize_axis(node.attr_int("axis", 0)?, shape.len())?;
     let dim = shape[axis];
     let outputs = node.outputs.len() as i64;
-    let sizes: Vec<i64> = if node.since_version >= 13 && ctx.optional_input(1).is_some() {
-        ctx.host_i64(1)?
+    // An empty `split` input counts as none, as ORT's CPU EP reads it.
+    let given = if node.since_version >= 13 && ctx.optional_input(1).is_some() { ctx.host_i64(1)? } else { Vec::new() };
+    let sizes: Vec<i64> = if !given.is_empty() {
+        given
     } else if let Some(split) = node.attr_ints("split")?.filter(|_| node.since_version < 13) {
         split.to_vec()
     } else if node.since_version >= 18 && node.attr("num_outputs").is_some() {

@@ -58,11 +58,10 @@ fn lower_compress(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
         Some(_) => (x.clone(), normalize_axis(node.attr_int("axis", 0)?, x.ndim())?),
         None => (ops::reshape(x, &[-1], s)?, 0),
     };
+    // Entries past the axis are not read (ORT's CPU EP ignores them).
     let dim = data.shape()[axis];
-    if cond.len() as i64 > dim {
-        bail!("condition has {} values for an axis of {dim}", cond.len());
-    }
-    let keep: Vec<i64> = cond.iter().enumerate().filter(|(_, c)| **c != 0.0).map(|(i, _)| i as i64).collect();
+    let keep: Vec<i64> =
+        cond.iter().take(dim as usize).enumerate().filter(|(_, c)| **c != 0.0).map(|(i, _)| i as i64).collect();
     let idx = Array::from_slice(&keep, &[keep.len() as i64])?;
     Ok(vec![ops::take(&data, &idx, axis as i32, s)?])
 }
