@@ -117,6 +117,9 @@ fn nll(ctx: &mut LowerCtx<'_>, node: &NodeInfo, logp: &Array, target: &Array, we
     Ok(match reduction(node).map_err(ep_core::Error::new)? {
         "none" => loss,
         "sum" => ops::sum_axes(&loss, &all, false, s)?,
+        // The mean of no targets: 0, as ORT's CPU EP answers it (where all of them are
+        // ignored, 0 / 0).
+        _ if loss.size() == 0 => ops::full(&[], &zero, Dtype::F32, s)?,
         _ => match &w {
             Some(w) => ops::divide(&ops::sum_axes(&loss, &all, false, s)?, &ops::sum_axes(w, &all, false, s)?, s)?,
             None => ops::mean_axes(&loss, &all, false, s)?,
