@@ -32,26 +32,54 @@ pub(crate) fn check_bias(bias: &Array, at: &Scores) -> Result<()> {
     Ok(())
 }
 
-/// The term added to the scaled scores (float32, broadcastable to the scores), `None` when
-/// there is nothing to add. `bias` must have passed [`check_bias`]; `keep` (booleans
-/// broadcastable to the scores) marks the keys the padding mask keeps; `causal` applies only
-/// to more than one query.
-pub(crate) fn additive_term(
+/// What ORT adds to the scaled scores, in its order: the attention bias, then the mask (see
+/// [`additive_terms`]).
+pub(crate) struct Terms {
+    pub bias: Option<Array>,
+    pub mask: Option<Array>,
+}
+
+impl Terms {
+    /// The one term to add where there is at most one (for MLX's fused attention, which adds
+    /// a single term); `None` where both are there.
+    pub(crate) fn single(&self) -> Option<Option<&Array>> {
+        match (&self.bias, &self.mask) {
+            (Some(_), Some(_)) => None,
+            (b, m) => Some(b.as_ref().or(m.as_ref())),
+        }
+    }
+
+    /// `scores + bias + mask`, added in that order (as ORT does; at a mask_filter_value of
+    /// -10000 a score keeps only a few bits, so the order shows in a fully masked row).
+    pub(crate) fn apply(&self, mut scores: Array, s: &Stream) -> Result<Array> {
+        for term in [&self.bias, &self.mask].into_iter().flatten() {
+            scores = ops::add(&scores, term, s)?;
+        }
+        Ok(scores)
+    }
+}
+
+/// The terms added to the scaled scores (float32, broadcastable to the scores). `bias` must
+/// have passed [`check_bias`]; `keep` (booleans broadcastable to the scores) marks the keys
+/// the padding mask keeps; `causal` applies only to more than one query. ORT's mask is
+/// mask_filter_value where the padding mask masks a key, overwritten by the lowest float where
+/// the causal frontier does; the bias is added before it (so a NaN or infinite bias on a key
+/// the query does not see still reaches its row; a finite one rounds away against the lowest
+/// float).
+pub(crate) fn additive_terms(
     bias: Option<Array>,
     keep: Option<&Array>,
     filter: f64,
     causal: Option<Causal>,
     at: &Scores,
     s: &Stream,
-) -> Result<Option<Array>> {
-    let mut add = bias;
-    if let Some(keep) = keep {
-        let m = ops::where_(keep, &ops::scalar(0.0, Dtype::F32, s)?, &ops::scalar(filter, Dtype::F32, s)?, s)?;
-        add = Some(match add {
-            Some(b) => ops::add(&b, &m, s)?,
-            None => m,
-        });
-    }
+) -> Result<Terms> {
+    let mut mask = match keep {
+        Some(keep) => {
+            Some(ops::where_(keep, &ops::scalar(0.0, Dtype::F32, s)?, &ops::scalar(filter, Dtype::F32, s)?, s)?)
+        }
+        None => None,
+    };
     if let Some(c) = causal.filter(|_| at.q_len > 1) {
         let i = ops::reshape(&ops::arange(0.0, at.q_len as f64, 1.0, Dtype::I32, s)?, &[at.q_len, 1], s)?;
         let j = ops::reshape(&ops::arange(0.0, at.total as f64, 1.0, Dtype::I32, s)?, &[1, at.total], s)?;
@@ -62,8 +90,8 @@ pub(crate) fn additive_term(
             allowed = ops::logical_or(&allowed, &last, s)?;
         }
         let lowest = ops::scalar(f64::from(f32::MIN), Dtype::F32, s)?;
-        let base = add.take().map_or_else(|| ops::scalar(0.0, Dtype::F32, s), Ok)?;
-        add = Some(ops::where_(&allowed, &base, &lowest, s)?);
+        let base = mask.take().map_or_else(|| ops::scalar(0.0, Dtype::F32, s), Ok)?;
+        mask = Some(ops::where_(&allowed, &base, &lowest, s)?);
     }
-    Ok(add)
+    Ok(Terms { bias, mask })
 }

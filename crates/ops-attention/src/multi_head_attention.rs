@@ -25,7 +25,7 @@
 //! mismatched key set; its results even differ from session to session), and any type but
 //! float32 and float16.
 
-use crate::additive::{Causal, Scores, additive_term, check_bias};
+use crate::additive::{Causal, Scores, additive_terms, check_bias};
 use crate::heads;
 use ep_core::lowering::{FnLowering, input_rank, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -151,15 +151,27 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let (head, v_head) = (hidden / heads, v_hidden / heads);
     let mut past_len = 0;
     if let (Some(pk), Some(pv)) = (ctx.optional_input(6), ctx.optional_input(7)) {
+        let (ks, vs) = (pk.shape(), pv.shape());
+        if ks.len() != 4
+            || vs.len() != 4
+            || ks[..3] != vs[..3]
+            || ks[..2] != [batch, heads]
+            || ks[3] != head
+            || vs[3] != v_head
+        {
+            bail!(
+                "past_key {ks:?} and past_value {vs:?} must be [{batch}, {heads}, past, {head}] and [{batch}, {heads}, past, {v_head}]"
+            );
+        }
         past_len = pk.shape()[2];
         k = ops::concatenate(&[f32(pk)?, k], 2, s)?;
         v = ops::concatenate(&[f32(pv)?, v], 2, s)?;
     }
     let total = past_len + kv_len;
 
-    // The additive term, as ORT builds it: the attention bias plus the padding mask
-    // (mask_filter_value where a key is masked), then the causal frontier at the lowest float
-    // (the CPU kernel leaves the last query row unmasked).
+    // The terms ORT adds: the attention bias, then the padding mask (mask_filter_value where
+    // a key is masked) overwritten by the causal frontier at the lowest float (the CPU kernel
+    // leaves the last query row unmasked).
     let scores_at = Scores { batch, heads, q_len, total, past: past_len };
     let bias = ctx.optional_input(5).map(f32).transpose()?;
     if let Some(b) = &bias {
@@ -168,21 +180,20 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let keep = ctx.optional_input(4).map(|mask| keep_keys(mask, batch, q_len, total, s)).transpose()?;
     let filter = node.attr_float("mask_filter_value", -10000.0)? as f64;
     let causal = (node.attr_int("unidirectional", 0)? == 1).then_some(Causal { last_row_open: true });
-    let add = additive_term(bias, keep.as_ref(), filter, causal, &scores_at, s)?;
+    let terms = additive_terms(bias, keep.as_ref(), filter, causal, &scores_at, s)?;
 
     let scale = match node.attr_float("scale", 0.0)? {
         x if x != 0.0 => x,
         _ => 1.0 / (head as f32).sqrt(),
     };
-    let y = if head == v_head {
-        ops::scaled_dot_product_attention(&q, &k, &v, scale, add.as_ref(), false, s)?
-    } else {
-        let qk = ops::matmul(&q, &ops::transpose_axes(&k, &[0, 1, 3, 2], s)?, s)?;
-        let mut scores = ops::multiply(&qk, &ops::scalar(scale as f64, Dtype::F32, s)?, s)?;
-        if let Some(a) = &add {
-            scores = ops::add(a, &scores, s)?;
+    // MLX's fused attention where it adds all there is in one term; else the terms one by one.
+    let y = match terms.single() {
+        Some(add) if head == v_head => ops::scaled_dot_product_attention(&q, &k, &v, scale, add, false, s)?,
+        _ => {
+            let qk = ops::matmul(&q, &ops::transpose_axes(&k, &[0, 1, 3, 2], s)?, s)?;
+            let scores = terms.apply(ops::multiply(&qk, &ops::scalar(scale as f64, Dtype::F32, s)?, s)?, s)?;
+            ops::matmul(&ops::softmax(&scores, -1, s)?, &v, s)?
         }
-        ops::matmul(&ops::softmax(&scores, -1, s)?, &v, s)?
     };
     let y = heads::merge(&y, s)?;
     let cast = |a: &Array| -> Result<Array> { Ok(ops::astype(a, dtype, s)?) };

@@ -16,7 +16,7 @@
 //! the projection's integer product scaled by `input_scale * weight_scale` (one value, or one
 //! per projected column for the weight's scale and zero point), no attention bias.
 
-use crate::additive::{Causal, Scores, additive_term, check_bias};
+use crate::additive::{Causal, Scores, additive_terms, check_bias};
 use crate::heads;
 use ep_core::lowering::{FnLowering, input_rank, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -56,6 +56,10 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
 fn keep_keys(mask: &Array, batch: i64, q_len: i64, total: i64, s: &Stream) -> Result<Array> {
     let zero = ops::scalar(0.0, Dtype::I32, s)?;
     let keys = ops::reshape(&ops::arange(0.0, total as f64, 1.0, Dtype::I32, s)?, &[1, 1, 1, total], s)?;
+    if batch == 0 {
+        // No scores: the mask is not read (ORT's CPU EP does not check it either).
+        return Ok(ops::greater_equal(&keys, &zero, s)?);
+    }
     let column = |a: &Array| ops::reshape(a, &[batch, 1, 1, 1], s);
     Ok(match mask.shape().as_slice() {
         [n] if *n == batch => ops::less(&keys, &column(mask)?, s)?,
@@ -102,7 +106,8 @@ fn attend(ctx: &mut LowerCtx<'_>, node: &NodeInfo, projected: Array, at: Inputs)
     let heads = node.attr_int("num_heads", 0)?;
     let xs = projected.shape();
     let (batch, q_len, width) = (xs[0], xs[1], xs[2]);
-    let sizes = match node.attr_ints("qkv_hidden_sizes")? {
+    // (An empty list counts as none, as ORT's CPU EP reads it.)
+    let sizes = match node.attr_ints("qkv_hidden_sizes")?.filter(|v| !v.is_empty()) {
         Some(v) if v.len() == 3 => v.to_vec(),
         Some(v) => bail!("qkv_hidden_sizes {v:?} must hold three sizes"),
         None if width % 3 == 0 => vec![width / 3; 3],
@@ -165,16 +170,13 @@ fn attend(ctx: &mut LowerCtx<'_>, node: &NodeInfo, projected: Array, at: Inputs)
     let filter = f64::from(node.attr_float("mask_filter_value", -10000.0)?);
     // (Only 1 is causal, as ORT reads the attribute.)
     let causal = (node.attr_int("unidirectional", 0)? == 1).then_some(Causal { last_row_open: false });
-    let add = additive_term(bias, keep.as_ref(), filter, causal, &scores_at, s)?;
+    let terms = additive_terms(bias, keep.as_ref(), filter, causal, &scores_at, s)?;
     let scale = match node.attr_float("scale", 0.0)? {
         x if x != 0.0 => x,
         _ => 1.0 / (head as f32).sqrt(),
     };
     let qk = ops::matmul(&q, &ops::transpose_axes(&k, &[0, 1, 3, 2], s)?, s)?;
-    let mut scores = ops::multiply(&qk, &ops::scalar(f64::from(scale), Dtype::F32, s)?, s)?;
-    if let Some(a) = &add {
-        scores = ops::add(a, &scores, s)?;
-    }
+    let scores = terms.apply(ops::multiply(&qk, &ops::scalar(f64::from(scale), Dtype::F32, s)?, s)?, s)?;
     let y = heads::merge(&ops::matmul(&ops::softmax(&scores, -1, s)?, &v, s)?, s)?;
     let mut outs = vec![y];
     if node.outputs.get(1).is_some_and(Option::is_some) {

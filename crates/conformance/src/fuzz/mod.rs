@@ -9,6 +9,7 @@
 
 pub mod child;
 pub mod driver;
+pub mod known;
 pub mod mutate;
 pub mod verdict;
 
