@@ -1,8 +1,9 @@
 //! ONNX Attention (opsets 23 and 24): 3-D or 4-D Q/K/V, grouped heads (GQA), past K/V
 //! concatenated into present K/V, boolean or additive masks (padded to the total length),
 //! causal masking aligned to the end of the past, `nonpad_kv_seqlen` (24), `scale`, `softcap`,
-//! and the optional scaled-QK output (mode 0; other modes are left to the CPU EP). Rows whose keys are all masked give 0, as the
-//! ONNX reference does. Scores are computed in float32 for half types.
+//! and the optional scaled-QK output (mode 0; other modes are left to the CPU EP). Hidden keys
+//! take the lowest float, as ORT's CPU EP masks them; rows whose keys are all masked give 0, as
+//! ORT and the ONNX reference do. Scores are computed in float32 for half types.
 
 use crate::heads;
 use ep_core::lowering::{FLOATS, FnLowering, require_input_type, require_inputs};
@@ -84,16 +85,20 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
     let (kr, vr) = (heads::repeat(&k, reps, s)?, heads::repeat(&v, reps, s)?);
     let kt = ops::transpose_axes(&kr, &[0, 1, 3, 2], s)?;
     let scores = ops::multiply(&ops::matmul(&q, &kt, s)?, &ops::scalar(scale, Dtype::F32, s)?, s)?;
-    // The additive bias: the mask (boolean: -inf where false; padded with masked keys up to
-    // the total length), the causal frontier (query i sees keys j <= i + offset), and the
-    // per-batch padding of opset 24's nonpad_kv_seqlen.
+    // What is added to the scores, as ORT's CPU EP builds it: a float mask as it is (padded
+    // with -inf up to the total length), and where a key is hidden (a boolean mask's false,
+    // the causal frontier, opset 24's nonpad_kv_seqlen) the lowest float in its place, not
+    // -inf: so a query whose only visible score is -inf attends to its hidden keys, and a
+    // query whose every key is hidden gives 0.
     let neg_inf = ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?;
+    let lowest = ops::scalar(f64::from(f32::MIN), Dtype::F32, s)?;
     let zero = ops::scalar(0.0, Dtype::F32, s)?;
     let mut bias: Option<Array> = None;
-    let mut add_bias = |b: Array| -> Result<()> {
-        bias = Some(match bias.take() {
-            Some(acc) => ops::add(&acc, &b, s)?,
-            None => b,
+    let mut hidden: Option<Array> = None;
+    let mut hide = |h: Array| -> Result<()> {
+        hidden = Some(match hidden.take() {
+            Some(acc) => ops::logical_or(&acc, &h, s)?,
+            None => h,
         });
         Ok(())
     };
@@ -114,15 +119,23 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
         if !fits {
             ep_core::bail!("attn_mask {ms:?} does not broadcast to {target:?} (batch, heads, queries, keys)");
         }
-        let mut m = if mask.dtype() == Dtype::Bool { ops::where_(mask, &zero, &neg_inf, s)? } else { f32(mask)? };
         let last = *ms.last().unwrap_or(&total);
-        if last < total {
+        let pad = |m: &Array, value: &Array| -> Result<Array> {
+            if last >= total {
+                return Ok(m.clone());
+            }
             let lo = vec![0i64; ms.len()];
             let mut hi = vec![0i64; ms.len()];
             hi[ms.len() - 1] = total - last;
-            m = ops::pad(&m, &lo, &hi, &neg_inf, "constant", s)?;
+            Ok(ops::pad(m, &lo, &hi, value, "constant", s)?)
+        };
+        if mask.dtype() == Dtype::Bool {
+            let shown = ops::scalar(1.0, Dtype::Bool, s)?;
+            let hidden_keys = ops::logical_not(&pad(mask, &ops::logical_not(&shown, s)?)?, s)?;
+            hide(hidden_keys)?;
+        } else {
+            bias = Some(pad(&f32(mask)?, &neg_inf)?);
         }
-        add_bias(m)?;
     }
     let nonpad = if ctx.optional_input(6).is_some() { Some(ctx.input(6)?.clone()) } else { None };
     if node.attr_int("is_causal", 0)? == 1 {
@@ -140,15 +153,19 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
             }
             _ => ops::less_equal(&j, &ops::add(&i, &ops::scalar(past_len as f64, Dtype::I64, s)?, s)?, s)?,
         };
-        add_bias(ops::where_(&allowed, &zero, &neg_inf, s)?)?;
+        hide(ops::logical_not(&allowed, s)?)?;
     }
     if let Some(n) = &nonpad {
         let j = ops::reshape(&ops::arange(0.0, total as f64, 1.0, Dtype::I64, s)?, &[1, 1, 1, total], s)?;
         let n = ops::reshape(&ops::astype(n, Dtype::I64, s)?, &[batch, 1, 1, 1], s)?;
-        add_bias(ops::where_(&ops::less(&j, &n, s)?, &zero, &neg_inf, s)?)?;
+        hide(ops::greater_equal(&j, &n, s)?)?;
     }
-    // The order ORT and the ONNX reference share: scaled QK, the softcap, then the bias (so a
-    // masked score stays -inf), then the softmax.
+    let term = match (&hidden, &bias) {
+        (Some(h), b) => Some(ops::where_(h, &lowest, b.as_ref().unwrap_or(&zero), s)?),
+        (None, b) => b.clone(),
+    };
+    // The order ORT and the ONNX reference share: scaled QK, the softcap, then the mask term,
+    // then the softmax.
     let softcap = node.attr_float("softcap", 0.0)? as f64;
     let capped = if softcap > 0.0 {
         let c = ops::scalar(softcap, Dtype::F32, s)?;
@@ -156,15 +173,17 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
     } else {
         scores.clone()
     };
-    let with_bias = match &bias {
-        Some(b) => ops::add(&capped, b, s)?,
+    let with_term = match &term {
+        Some(t) => ops::add(&capped, t, s)?,
         None => capped,
     };
-    let mut probs = ops::softmax(&with_bias, -1, s)?;
-    if let Some(b) = &bias {
-        // A row whose keys are all masked attends to nothing: 0, not NaN.
-        let full = ops::broadcast_to(b, &with_bias.shape(), s)?;
-        let dead = ops::isneginf(&ops::max_axes(&full, &[-1], true, s)?, s)?;
+    let mut probs = ops::softmax(&with_term, -1, s)?;
+    if let Some(t) = &term {
+        // A row whose keys are all hidden (or whose float mask is -inf throughout) attends to
+        // nothing: 0.
+        let full = ops::broadcast_to(t, &with_term.shape(), s)?;
+        let top = ops::max_axes(&full, &[-1], true, s)?;
+        let dead = ops::logical_or(&ops::isneginf(&top, s)?, &ops::equal(&top, &lowest, s)?, s)?;
         probs = ops::where_(&dead, &zero, &probs, s)?;
     }
     let mut y = ops::matmul(&probs, &vr, s)?;
