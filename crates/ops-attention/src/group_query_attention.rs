@@ -236,9 +236,10 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             g.seq
         );
     }
-    // (Read as its elements, as ORT reads it, whatever its shape.)
+    // (As ORT checks it: its first dimension the batch; further dimensions of 1 are read
+    // through. A scalar is refused.)
     let seqlens_shape = ctx.input(5)?.shape();
-    if seqlens_shape.iter().product::<i64>() != g.batch {
+    if seqlens_shape.first() != Some(&g.batch) || seqlens_shape.iter().product::<i64>() != g.batch {
         bail!("seqlens_k {seqlens_shape:?} must hold one entry per batch entry ({})", g.batch);
     }
     let present_len = total.max(past_len);

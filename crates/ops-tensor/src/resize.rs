@@ -343,6 +343,12 @@ fn resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo, modes: Modes<'_>) -> Result<V
     ep_core::lowering::check_shape(&out, x.dtype())?;
     let mode = string_attr(node, "mode", "nearest");
     let mode = if upsample && mode == "bilinear" { "linear" } else { mode };
+    // An output of the input's shape is the input as it is, whatever the scales, mode and
+    // region, as ORT's CPU EP answers it (floor(3 * 1.25) is 3: no interpolation; nor is an
+    // infinity weighed by 0 into NaN at scale 1).
+    if out == shape {
+        return Ok(vec![x.clone()]);
+    }
     let interpolated = interpolated_axes(mode, &scale)?;
     let extrapolation = node.attr_float("extrapolation_value", 0.0)? as f64;
     let mut y = x.clone();
@@ -427,8 +433,10 @@ mod spec {
                     out[r - 1] = sp[1];
                     case = case.absent().constant_i64("sizes", &out);
                 } else {
-                    // Scales that give whole output sizes from 3 and 4.
-                    let (a, b) = (sp[0] as f64 / 3.0, sp[1] as f64 / 4.0);
+                    // Scales that give whole output sizes from 3 and 4; or (one case in eight)
+                    // scales other than 1 that keep both sizes (floor(3 * 1.25) is 3).
+                    let keep = seed % 8 == 0;
+                    let (a, b) = if keep { (1.25, 1.2) } else { (sp[0] as f64 / 3.0, sp[1] as f64 / 4.0) };
                     out[r - 2] = (3.0 * a as f32).floor() as i64;
                     out[r - 1] = (4.0 * b as f32).floor() as i64;
                     let mut scales = vec![1.0; r];
