@@ -1,7 +1,7 @@
-//! The additive term of the BERT-era attention ops (`com.microsoft` Attention, QAttention and
-//! MultiHeadAttention), built as ORT's CPU kernels build it: the attention bias, plus
-//! `mask_filter_value` (finite, not `-inf`) where the padding mask hides a key, then the causal
-//! frontier at the lowest float.
+//! The terms the BERT-era attention ops (`com.microsoft` Attention, QAttention and
+//! MultiHeadAttention) add to their scaled scores, built and added as ORT's CPU kernels do:
+//! the attention bias, then the mask (`mask_filter_value`, finite, not `-inf`, where the
+//! padding mask hides a key, overwritten by the lowest float past the causal frontier).
 
 use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{Result, bail};

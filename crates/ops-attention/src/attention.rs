@@ -179,8 +179,9 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
     };
     let mut probs = ops::softmax(&with_term, -1, s)?;
     if let Some(t) = &term {
-        // A row whose keys are all hidden (or whose float mask is -inf throughout) attends to
-        // nothing: 0.
+        // A row whose mask term is nowhere above the lowest float (every key hidden, or a
+        // float mask of -inf or the lowest float throughout) attends to nothing: 0, as ORT
+        // answers it (checked for both kinds of mask).
         let full = ops::broadcast_to(t, &with_term.shape(), s)?;
         let top = ops::max_axes(&full, &[-1], true, s)?;
         let dead = ops::logical_or(&ops::isneginf(&top, s)?, &ops::equal(&top, &lowest, s)?, s)?;

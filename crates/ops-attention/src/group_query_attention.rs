@@ -1,7 +1,8 @@
 //! `com.microsoft` GroupQueryAttention, the attention of onnxruntime-genai's decoders: packed
 //! or separate Q/K/V `[B, S, heads * H]`, grouped key/value heads, rotary inside the op
 //! (`do_rotary` with the model's cos/sin caches, interleaved or not, partial), a KV cache
-//! `[B, kv_heads, P, H]` that grows (present has `total_sequence_length` rows) or is one
+//! `[B, kv_heads, P, H]` (8- or 4-bit codes, see `kv_quant.rs`: `[.., H / 2]` uint8 for 4
+//! bits) that grows (present has `total_sequence_length` rows) or is one
 //! max-length buffer shared by past and present, right padding per batch entry (`seqlens_k`),
 //! causal or not, `local_window_size`, `softcap`, `attention_bias`, `smooth_softmax` and
 //! `head_sink`.
@@ -42,8 +43,9 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
         }
     }
     // The caches: the query's type, or 8- or 4-bit with a scale (`kv_quant.rs`).
-    crate::kv_quant::claim(node, "k", (12, 3, 1), t)?;
-    crate::kv_quant::claim(node, "v", (13, 4, 2), t)?;
+    if crate::kv_quant::claim(node, "k", (12, 3, 1), t)? != crate::kv_quant::claim(node, "v", (13, 4, 2), t)? {
+        return Err(Decline::new("one of the K and V caches is quantized, the other not"));
+    }
     require_input_type(node, 5, &[ElemType::I32])?;
     require_input_type(node, 6, &[ElemType::I32])?;
     require_input_type(node, 9, &[ElemType::I64])?;
@@ -504,11 +506,12 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
         // Each KV head's query heads as one block of rows (query head h reads KV head
         // h / reps): no copy of the keys and values per query head.
         let reps = heads / kv_heads;
-        let grouped = [g.batch, kv_heads, reps * g.seq, -1];
-        let by_head = [g.batch, heads, g.seq, -1];
-        let qg = ops::reshape(&qf, &grouped, s)?;
+        // (Sizes spelled out: MLX infers no -1 in an empty array.)
+        let grouped = |last: i64| [g.batch, kv_heads, reps * g.seq, last];
+        let by_head = |last: i64| [g.batch, heads, g.seq, last];
+        let qg = ops::reshape(&qf, &grouped(g.head), s)?;
         let raw = ops::matmul(&qg, &ops::transpose_axes(&kf, &[0, 1, 3, 2], s)?, s)?;
-        let mut scores = ops::scale(&ops::reshape(&raw, &by_head, s)?, scale, s)?;
+        let mut scores = ops::scale(&ops::reshape(&raw, &by_head(present_len), s)?, scale, s)?;
         if softcap > 0.0 {
             let c = ops::scalar(softcap as f64, Dtype::F32, s)?;
             scores = ops::multiply(&ops::tanh(&ops::divide(&scores, &c, s)?, s)?, &c, s)?;
@@ -539,8 +542,8 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
             // (A query that sees no key has no probabilities: 0, not softmax's NaN.)
             qk = Some(ops::where_(&allowed, &probs, &zero, s)?);
         }
-        let y = ops::matmul(&ops::reshape(&probs, &grouped, s)?, &vf, s)?;
-        ops::where_(&none_finite, &zero, &ops::reshape(&y, &by_head, s)?, s)?
+        let y = ops::matmul(&ops::reshape(&probs, &grouped(present_len), s)?, &vf, s)?;
+        ops::where_(&none_finite, &zero, &ops::reshape(&y, &by_head(g.head), s)?, s)?
     };
     let y = match dead {
         Some(d) => ops::where_(&d, &ops::scalar(0.0, Dtype::F32, s)?, &y, s)?,

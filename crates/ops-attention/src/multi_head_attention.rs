@@ -7,7 +7,8 @@
 //! `[B or 1, N or 1, S, T]`, `scale`, `mask_filter_value` and `unidirectional`.
 //!
 //! The ORT semantics followed (`attention_cpu_base.h`, `attention_helper.h`):
-//! - scores are `(attention_bias + mask) + scale * q k`, softmax over the `T = P + L` keys;
+//! - scores are `scale * q k + attention_bias + mask`, added left to right, softmax over the
+//!   `T = P + L` keys;
 //!   a masked key gets the finite `mask_filter_value` (default -10000) added, not `-inf`, so a
 //!   row whose keys are all masked still attends (almost uniformly) to them;
 //! - a `[B]` mask masks keys `j >= mask[b]`; a `[3B + 2]` mask is read the same way from its

@@ -144,8 +144,8 @@ fn attend(ctx: &mut LowerCtx<'_>, node: &NodeInfo, projected: Array, at: Inputs)
         v = ops::concatenate(&[pv, v], 2, s)?;
     }
     let total = past_len + q_len;
-    // The additive term: the attention bias, the padding mask's filter value, the causal
-    // frontier at the lowest float.
+    // The terms added to the scores, in ORT's order: the attention bias, then the mask (the
+    // padding mask's filter value, overwritten by the lowest float past the causal frontier).
     let scores_at = Scores { batch, heads, q_len, total, past: past_len };
     let bias: Option<Array> = at.bias.and_then(|i| ctx.optional_input(i)).cloned();
     if let Some(b) = &bias {

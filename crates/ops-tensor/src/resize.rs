@@ -343,13 +343,14 @@ fn resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo, modes: Modes<'_>) -> Result<V
     ep_core::lowering::check_shape(&out, x.dtype())?;
     let mode = string_attr(node, "mode", "nearest");
     let mode = if upsample && mode == "bilinear" { "linear" } else { mode };
+    // (The layouts ORT's CPU EP refuses are refused first, whatever the output's shape.)
+    let interpolated = interpolated_axes(mode, &scale)?;
     // An output of the input's shape is the input as it is, whatever the scales, mode and
     // region, as ORT's CPU EP answers it (floor(3 * 1.25) is 3: no interpolation; nor is an
     // infinity weighed by 0 into NaN at scale 1).
     if out == shape {
         return Ok(vec![x.clone()]);
     }
-    let interpolated = interpolated_axes(mode, &scale)?;
     let extrapolation = node.attr_float("extrapolation_value", 0.0)? as f64;
     let mut y = x.clone();
     for (j, &a) in axes.iter().enumerate() {
