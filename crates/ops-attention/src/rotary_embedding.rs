@@ -105,6 +105,9 @@ fn check_shapes(node: &NodeInfo, x: &Array, ids: Option<&Array>, cos: &Array, si
     }
     let half = cs[cs.len() - 1];
     let head = if xs.len() == 4 { Some(xs[3]) } else { (heads > 0).then(|| xs[2] / heads) };
+    if let Some(h) = head.filter(|&h| dim > h) {
+        bail!("rotary_embedding_dim {dim} is more than the head size {h}");
+    }
     if head.is_some_and(|h| 2 * half != h) && !(dim > 0 && 2 * half == dim) {
         bail!("the caches' width {half} is neither half the head ({head:?}) nor half rotary_embedding_dim {dim}");
     }
