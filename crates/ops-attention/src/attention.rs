@@ -52,6 +52,13 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
         k = heads::split(&k, kvh, s)?;
         v = heads::split(&v, kvh, s)?;
     }
+    for (i, what) in [(4, "past_key"), (5, "past_value")] {
+        if let Some(p) = ctx.optional_input(i)
+            && p.ndim() != 4
+        {
+            bail!("{what} {:?} is not 4-D [batch, heads, past, head]", p.shape());
+        }
+    }
     let past_len = ctx.optional_input(4).map(|p| p.shape()[2]).unwrap_or(0);
     if let (Some(pk), Some(pv)) = (ctx.optional_input(4), ctx.optional_input(5)) {
         k = ops::concatenate(&[f32(pk)?, k], 2, s)?;
@@ -71,6 +78,10 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
         bail!("the mask {:?} must have rank 2, 3 or 4", m.shape());
     }
     let vs = v.shape();
+    // (ORT checks both head sizes are positive.)
+    if head < 1 || vs[3] < 1 {
+        bail!("the query's head size {head} and the value's {} must be positive", vs[3]);
+    }
     if vs[1] != kv_heads || vs[2] != total {
         bail!("value {vs:?} must hold the key's {kv_heads} heads of {total} positions (key {ks:?})");
     }
@@ -110,6 +121,10 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
         // that dim, as ORT's CPU EP requires; the keys' may also be shorter (padded below).
         let target = [batch, q_heads, q_len, total];
         let ms = mask.shape();
+        // (ORT requires the mask's query dim to be the query length itself: no broadcast.)
+        if ms.len() >= 2 && ms[ms.len() - 2] != q_len {
+            ep_core::bail!("attn_mask {ms:?} must have the query length {q_len} as its second-to-last dim");
+        }
         let fits = ms
             .iter()
             .rev()
@@ -166,7 +181,13 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
     };
     // The order ORT and the ONNX reference share: scaled QK, the softcap, then the mask term,
     // then the softmax.
-    let softcap = node.attr_float("softcap", 0.0)? as f64;
+    // The softcap in the inputs' type, as ORT holds it (a float16 cap past 65504 is
+    // infinite: every score NaN, as ORT answers).
+    let softcap = match dtype {
+        Dtype::F16 => f64::from(half::f16::from_f32(node.attr_float("softcap", 0.0)?).to_f32()),
+        Dtype::BF16 => f64::from(half::bf16::from_f32(node.attr_float("softcap", 0.0)?).to_f32()),
+        _ => node.attr_float("softcap", 0.0)? as f64,
+    };
     let capped = if softcap > 0.0 {
         let c = ops::scalar(softcap, Dtype::F32, s)?;
         ops::multiply(&ops::tanh(&ops::divide(&scores, &c, s)?, s)?, &c, s)?

@@ -63,6 +63,8 @@ fn keep_keys(mask: &Array, batch: i64, q_len: i64, total: i64, s: &Stream) -> Re
     let column = |a: &Array| ops::reshape(a, &[batch, 1, 1, 1], s);
     Ok(match mask.shape().as_slice() {
         [n] if *n == batch => ops::less(&keys, &column(mask)?, s)?,
+        // (A [3B + 2] mask: its first B entries are the ends, as ORT's CPU kernel reads it.)
+        [n] if *n == 3 * batch + 2 => ops::less(&keys, &column(&ops::slice(mask, &[0], &[batch], s)?)?, s)?,
         [n] if *n == 2 * batch => {
             let end = column(&ops::slice(mask, &[0], &[batch], s)?)?;
             let start = column(&ops::slice(mask, &[batch], &[2 * batch], s)?)?;
@@ -74,8 +76,9 @@ fn keep_keys(mask: &Array, batch: i64, q_len: i64, total: i64, s: &Stream) -> Re
             ops::reshape(&ops::greater(mask, &zero, s)?, &[batch, 1, q_len, total], s)?
         }
         other => bail!(
-            "mask_index {other:?} fits none of [{batch}], [{}], [{batch}, {total}], [{batch}, {q_len}, {total}]",
-            2 * batch
+            "mask_index {other:?} fits none of [{batch}], [{}], [{}], [{batch}, {total}], [{batch}, {q_len}, {total}]",
+            2 * batch,
+            3 * batch + 2
         ),
     })
 }
