@@ -107,19 +107,25 @@ def test_scan_forms():
         compare(m, feeds)
 
 
-def test_scan8_batch_forms():
-    """Opset 8's Scan: a batch axis on every input, the body on one entry's step; the running
-    sum over two scan inputs, one of them reversed (`directions`), against the CPU EP."""
-    body = helper.make_graph(
+def scan8_body(combine, scanned):
+    """Opset 8's Scan body over one entry's step: `acc_out = combine(acc_in + a_t, b_t)`, and
+    the node `scanned` (reading the step's values) as the scan output."""
+    return helper.make_graph(
         [
             helper.make_node("Add", ["acc_in", "a_t"], ["s1"]),
-            helper.make_node("Add", ["s1", "b_t"], ["acc_out"]),
-            helper.make_node("Mul", ["a_t", "b_t"], ["prod"]),
+            helper.make_node(combine, ["s1", "b_t"], ["acc_out"]),
+            scanned,
         ],
         "body",
         [vi("acc_in", F, [4]), vi("a_t", F, [4]), vi("b_t", F, [4])],
-        [vi("acc_out", F, [4]), vi("prod", F, [4])],
+        [vi("acc_out", F, [4]), vi(scanned.output[0], F, [4])],
     )
+
+
+def test_scan8_batch_forms():
+    """Opset 8's Scan: a batch axis on every input, the body on one entry's step; the running
+    sum over two scan inputs, one of them reversed (`directions`), against the CPU EP."""
+    body = scan8_body("Add", helper.make_node("Mul", ["a_t", "b_t"], ["prod"]))
     rng = np.random.default_rng(8)
     for directions in ([0, 0], [1, 0], [0, 1]):
         node = helper.make_node(
@@ -140,16 +146,7 @@ def test_scan8_sequence_lens():
     time steps), one scan input reversed within its entry's length; final states after each
     entry's length, scan outputs zero past it. A length outside [1, time] fails the run, as
     on the CPU EP."""
-    body = helper.make_graph(
-        [
-            helper.make_node("Add", ["acc_in", "a_t"], ["s1"]),
-            helper.make_node("Mul", ["s1", "b_t"], ["acc_out"]),
-            helper.make_node("Sub", ["acc_out", "a_t"], ["diff"]),
-        ],
-        "body",
-        [vi("acc_in", F, [4]), vi("a_t", F, [4]), vi("b_t", F, [4])],
-        [vi("acc_out", F, [4]), vi("diff", F, [4])],
-    )
+    body = scan8_body("Mul", helper.make_node("Sub", ["acc_out", "a_t"], ["diff"]))
     rng = np.random.default_rng(9)
     i64 = TensorProto.INT64
     for directions in ([0, 0], [1, 0], [0, 1], [1, 1]):

@@ -13,6 +13,12 @@ const SATURATE_OUT_OF_RANGE: &str = "a `saturate` other than 0 or 1: the CPU EP'
      output unwritten (whatever its memory held, for any target type); the MLX EP reads any value \
      other than 0 as 1";
 
+/// An empty result with a dimension MLX cannot hold.
+const EMPTY_PAST_32_BITS: &str = "an empty result with a dimension past 2^31 - 1: MLX holds dimensions as 32-bit \
+     integers, so the EP refuses it by name where the CPU EP answers the empty tensor";
+/// The mutations that write a huge value into a shape or an index.
+const HUGE: &[&str] = &["index-out-of-range", "huge-shape-value"];
+
 /// Spurious errors judged to be the CPU EP's leniency: `(op, mutations, text of the MLX
 /// error, why)`. The MLX EP's error is the right answer there; the CPU EP answers input that
 /// the operator's definition rules out.
@@ -92,27 +98,9 @@ pub const CPU_LENIENT: &[(&str, &[&str], &str, &str)] = &[
         "the CPU EP answers an empty top-k for k past the axis",
     ),
     ("GatherND", SHAPES, "do not fit data", "the CPU EP does not check that the indices' batch dims are the data's"),
-    (
-        "ConstantOfShape",
-        &["index-out-of-range", "huge-shape-value"],
-        "is outside 0..=2^31-1",
-        "an empty result with a dimension past 2^31 - 1: MLX holds dimensions as 32-bit integers, \
-         so the EP refuses it by name where the CPU EP answers the empty tensor",
-    ),
-    (
-        "CenterCropPad",
-        &["index-out-of-range", "huge-shape-value"],
-        "is outside 0..=2^31-1",
-        "an empty result with a dimension past 2^31 - 1: MLX holds dimensions as 32-bit integers, \
-         so the EP refuses it by name where the CPU EP answers the empty tensor",
-    ),
-    (
-        "OneHot",
-        &["index-out-of-range", "huge-shape-value"],
-        "is outside 0..=2^31-1",
-        "an empty result with a dimension past 2^31 - 1: MLX holds dimensions as 32-bit integers, \
-         so the EP refuses it by name where the CPU EP answers the empty tensor",
-    ),
+    ("ConstantOfShape", HUGE, "is outside 0..=2^31-1", EMPTY_PAST_32_BITS),
+    ("CenterCropPad", HUGE, "is outside 0..=2^31-1", EMPTY_PAST_32_BITS),
+    ("OneHot", HUGE, "is outside 0..=2^31-1", EMPTY_PAST_32_BITS),
     (
         "Pad",
         &["shape-disagrees", "size-0-dim", "rank-0", "rank-over-6", "index-out-of-range", "huge-shape-value"],
