@@ -38,6 +38,9 @@
 #            modules MLX compiled in order with the time each took (gpu/kernel_times.py)
 #   attention the EP's one-query attention kernel on and off: gpu/attention_models.py's models
 #            against the CPU EP, the decoders' spans, primitives and bare graph, the native floor
+#   conformance the property suite on the GPU against ORT's CPU EP: $CASES cases (default 4) of
+#            every lowering's spec ($OPS: a comma-separated subset), a line per op as it ends;
+#            shrunk failures into $OUT/conformance-failures
 #   cmd      the command in $GPU_CMD, in this environment (for one-off measurements)
 #   keep     the JIT kernel cache into $OUT/kernels.tar.gz (a later machine can carry it
 #            back: MLX_EP_KERNELS=path/kernels.tar.gz unpacks it before anything runs)
@@ -326,6 +329,13 @@ for s in "${sections[@]}"; do
         section "attention: native MLX floor $p"
         timed 90 "native $p" mlx-ep-bench native --preset "$p" --prompt 128 --steps 32 | grep -E "decode|prefill"
       done ;;
+    conformance)
+      section "conformance: the property suite on the GPU against the CPU EP (${CASES:-4} cases per op)"
+      suite=/tmp/mlx-gpu/mlx-ep-conformance
+      [ -x "$suite" ] || { gunzip -c target/gpu/bin/mlx-ep-conformance.gz > "$suite" && chmod +x "$suite"; }
+      args=(--cases "${CASES:-4}" --failures-dir "$out/conformance-failures" --json /tmp/mlx-gpu/json/conformance.json)
+      [ -n "${OPS:-}" ] && args+=(--op "$OPS")
+      timed "${CONFORMANCE_LIMIT:-540}" conformance "$suite" "${args[@]}" 2>&1 | grep -vE '^\S+ +\S+ +[0-9]+ +[0-9]+ +0 +0 |^(\S+): ([0-9]+)/\2 passed' ;;
     cmd)
       section "command: $GPU_CMD"
       bash -c "$GPU_CMD" ;;

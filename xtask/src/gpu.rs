@@ -1,6 +1,6 @@
 //! `cargo xtask gpu-stage`: everything a GPU measurement needs, laid out under `target/gpu/`
 //! for a GPU machine that has no package registry and takes one folder of at most 64 MiB per
-//! transfer. Builds the release plugin, runner and native benchmark, strips them into
+//! transfer. Builds the release plugin, runner, native benchmark and property suite, strips them into
 //! `target/gpu/bin`, and has the workplace's `stage.sh` (`$MLX_GPU_STAGE`, else
 //! `../shared/gpu/stage.sh` beside the checkout) split the MLX CUDA runtime, ONNX Runtime and
 //! the MLX Python bindings into `target/gpu/stage/1`, `2`, ... `gpu/run.sh` runs there.
@@ -10,7 +10,8 @@ use crate::util::{self, Result, step};
 use std::path::PathBuf;
 use std::process::Command;
 
-const BINARIES: [&str; 3] = ["libonnxruntime_mlx_ep.so", "mlx-ep-run", "mlx-ep-bench"];
+const SUITE: &str = "mlx-ep-conformance";
+const BINARIES: [&str; 4] = ["libonnxruntime_mlx_ep.so", "mlx-ep-run", "mlx-ep-bench", SUITE];
 
 pub fn stage(args: &[String]) -> Result {
     if let Some(a) = args.first() {
@@ -26,8 +27,9 @@ pub fn stage(args: &[String]) -> Result {
         ));
     }
     setup::ensure(None)?;
-    step("building the plugin, the runner and the native benchmark (release)");
+    step("building the plugin, the runner, the native benchmark and the property suite (release)");
     crate::bench::build_release()?;
+    util::run(util::cargo().args(["build", "--release", "-p", "conformance"]))?;
     let gpu = util::target_dir().join("gpu");
     let bin = gpu.join("bin");
     std::fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
@@ -36,6 +38,10 @@ pub fn stage(args: &[String]) -> Result {
         let from = util::target_dir().join("release").join(name);
         let to = bin.join(name);
         util::run(Command::new("strip").arg("-o").arg(&to).arg(&from))?;
+        if name == SUITE {
+            // Compressed: the last part, the binaries and the models must fit one transfer.
+            util::run(Command::new("gzip").args(["-9", "-f"]).arg(&to))?;
+        }
     }
     step("writing the GPU checks' models into target/gpu/models (gpu/attention_models.py)");
     let models = gpu.join("models");

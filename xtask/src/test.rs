@@ -92,6 +92,10 @@ pub fn run(args: &[String]) -> Result {
             "ai.onnx.ml TreeEnsemble (tensor attributes): 150 random forests against the CPU EP",
             "check_tree_ensemble.py",
         ),
+        (
+            "com.microsoft SparseAttention: 60 cases against a numpy reference (checked against ORT's kernel)",
+            "check_sparse_attention.py",
+        ),
     ] {
         step(what);
         util::run(

@@ -2,7 +2,8 @@
 //! and the bad-input fuzzer (run by `cargo xtask fuzz`).
 //!
 //! ```text
-//! mlx-ep-conformance [--cases N] [--op NAME] [--seed S] [--json PATH] [--replay DIR]
+//! mlx-ep-conformance [--cases N] [--op NAME[,NAME...]] [--seed S] [--json PATH] [--failures-dir DIR]
+//!                    [--replay DIR]
 //! mlx-ep-conformance --fuzz [--cases N] [--seed S] [--op NAME] [--mutation NAME] [--jobs J]
 //!                    [--timeout SECONDS] [--memory-mb MB] [--failures-dir DIR]
 //! mlx-ep-conformance --fuzz-replay DIR
@@ -55,6 +56,7 @@ fn run() -> Result<bool, String> {
             "--op" => opts.op = Some(value()?),
             "--seed" => opts.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--json" => json = Some(value()?),
+            "--failures-dir" => opts.failures_dir = Some(value()?.into()),
             "--replay" => {
                 let dir = value()?;
                 let (case, outcome) = suite::replay(dir.as_ref()).map_err(|e| e.to_string())?;

@@ -12,9 +12,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Ops whose lowerings take subgraph or tensor attributes, which ORT's Model Editor cannot
-/// build: they are checked by `python/check_plugin.py`, `python/check_control_flow.py` and
-/// `python/check_tree_ensemble.py` instead (and the suite verifies they are there).
-pub const CHECKED_IN_PYTHON: &[&str] = &["If", "Loop", "Scan", "TreeEnsemble"];
+/// build, or that ORT's CPU EP cannot serve as the reference of: they are checked by
+/// `python/check_plugin.py`, `python/check_control_flow.py`, `python/check_tree_ensemble.py`
+/// and `python/check_sparse_attention.py` (a numpy reference: ORT's kernel needs present bound
+/// to past's buffer) instead (and the suite verifies they are there).
+pub const CHECKED_IN_PYTHON: &[&str] = &["If", "Loop", "Scan", "TreeEnsemble", "SparseAttention"];
 
 /// The multi-node chains, reported as the op `chain` (not a lowering, so outside the coverage
 /// check).
@@ -27,7 +29,7 @@ static EXACT_CONSTANT_CHAIN: OpSpec =
 pub struct Options {
     /// Cases per spec.
     pub cases: u32,
-    /// Only specs of this op (case-sensitive op type).
+    /// Only specs of these ops (case-sensitive op types, comma-separated).
     pub op: Option<String>,
     /// Seed of the case generators (the same seed draws the same cases).
     pub seed: u64,
@@ -35,7 +37,8 @@ pub struct Options {
     pub failures_dir: Option<PathBuf>,
     /// Most shrink steps per failure.
     pub max_shrink_steps: u32,
-    /// Draw a progress bar (on a terminal).
+    /// Draw a progress bar (on a terminal); elsewhere, print a line per spec as it ends (a
+    /// run cut short by a time limit still tells how far it got and what failed).
     pub progress: bool,
 }
 
@@ -164,8 +167,11 @@ pub fn specs_and_chains() -> Vec<&'static OpSpec> {
 pub fn run(opts: &Options) -> Report {
     let started = Instant::now();
     let mut report = Report::default();
-    let specs: Vec<&'static OpSpec> =
-        specs_and_chains().into_iter().filter(|s| opts.op.as_deref().is_none_or(|op| op == s.op())).collect();
+    let specs: Vec<&'static OpSpec> = specs_and_chains()
+        .into_iter()
+        .filter(|s| opts.op.as_deref().is_none_or(|ops| ops.split(',').any(|op| op == s.op())))
+        .collect();
+    let log_lines = opts.progress && !std::io::IsTerminal::is_terminal(&std::io::stderr());
     let spec_keys: BTreeSet<(String, String)> =
         conformance_spec::specs().iter().map(|s| (s.domain().to_owned(), s.op().to_owned())).collect();
     (report.missing_specs, report.orphan_specs) = spec_coverage(&registered_ops(), &spec_keys);
@@ -181,6 +187,8 @@ pub fn run(opts: &Options) -> Report {
     let gpu = ep_core::mlx::default_device_is_gpu();
     for spec in specs {
         bar.set_message(display_name(spec.domain(), spec.op()));
+        let spec_started = Instant::now();
+        let failures_before = report.failures.len();
         let mut rows: BTreeMap<DType, Row> = BTreeMap::new();
         let mut runner = TestRunner::new_with_rng(
             Config { cases: opts.cases, failure_persistence: None, ..Config::default() },
@@ -235,6 +243,17 @@ pub fn run(opts: &Options) -> Report {
                 let (case, outcome) = shrink(&mut tree, case, outcome, opts.max_shrink_steps);
                 let saved = opts.failures_dir.as_deref().and_then(|d| save(d, spec, &case, &outcome).ok());
                 report.failures.push(Failure { op: display_name(spec.domain(), spec.op()), case, outcome, saved });
+            }
+        }
+        if log_lines {
+            let (cases, passed) = rows.values().fold((0, 0), |(c, p), r| (c + r.cases, p + r.passed));
+            eprintln!(
+                "{}: {passed}/{cases} passed ({:.1} s)",
+                display_name(spec.domain(), spec.op()),
+                spec_started.elapsed().as_secs_f64()
+            );
+            for f in &report.failures[failures_before..] {
+                eprintln!("  FAILED: {}\n  case: {}", describe(&f.outcome), f.case.label());
             }
         }
         report.rows.extend(rows.into_values());

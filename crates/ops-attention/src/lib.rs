@@ -1,5 +1,6 @@
 //! Attention and KV-cache lowerings: Attention (ONNX 23/24), TensorScatter (the ONNX KV-cache
-//! update), `com.microsoft` MultiHeadAttention, DecoderMaskedMultiHeadAttention.
+//! update), `com.microsoft` MultiHeadAttention, DecoderMaskedMultiHeadAttention, GroupQueryAttention,
+//! SparseAttention, and their kin (rotary embeddings, packed and quantized attention).
 //!
 //! # Adding a lowering
 //! Write one file with a type implementing [`ep_core::Lowering`], end it with
@@ -22,6 +23,7 @@ mod one_query;
 mod packed_attention;
 mod rotary;
 mod rotary_embedding;
+mod sparse_attention;
 mod tensor_scatter;
 
 /// Referenced by the plugin so the linker keeps this crate's registrations.
