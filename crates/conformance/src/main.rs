@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! mlx-ep-conformance [--cases N] [--op NAME[,NAME...]] [--seed S] [--json PATH] [--failures-dir DIR]
-//!                    [--replay DIR]
+//!                    [--log] [--replay DIR]
 //! mlx-ep-conformance --fuzz [--cases N] [--seed S] [--op NAME] [--mutation NAME] [--jobs J]
 //!                    [--timeout SECONDS] [--memory-mb MB] [--failures-dir DIR]
 //! mlx-ep-conformance --fuzz-replay DIR
@@ -57,6 +57,7 @@ fn run() -> Result<bool, String> {
             "--seed" => opts.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--json" => json = Some(value()?),
             "--failures-dir" => opts.failures_dir = Some(value()?.into()),
+            "--log" => opts.log = true,
             "--replay" => {
                 let dir = value()?;
                 let (case, outcome) = suite::replay(dir.as_ref()).map_err(|e| e.to_string())?;

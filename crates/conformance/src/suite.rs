@@ -37,9 +37,11 @@ pub struct Options {
     pub failures_dir: Option<PathBuf>,
     /// Most shrink steps per failure.
     pub max_shrink_steps: u32,
-    /// Draw a progress bar (on a terminal); elsewhere, print a line per spec as it ends (a
-    /// run cut short by a time limit still tells how far it got and what failed).
+    /// Draw a progress bar (on a terminal).
     pub progress: bool,
+    /// Print a line per spec as it ends, and its failure (a run cut short by a time limit
+    /// still tells how far it got and what failed).
+    pub log: bool,
 }
 
 impl Default for Options {
@@ -51,6 +53,7 @@ impl Default for Options {
             failures_dir: Some(default_failures_dir()),
             max_shrink_steps: 64,
             progress: false,
+            log: false,
         }
     }
 }
@@ -171,7 +174,6 @@ pub fn run(opts: &Options) -> Report {
         .into_iter()
         .filter(|s| opts.op.as_deref().is_none_or(|ops| ops.split(',').any(|op| op == s.op())))
         .collect();
-    let log_lines = opts.progress && !std::io::IsTerminal::is_terminal(&std::io::stderr());
     let spec_keys: BTreeSet<(String, String)> =
         conformance_spec::specs().iter().map(|s| (s.domain().to_owned(), s.op().to_owned())).collect();
     (report.missing_specs, report.orphan_specs) = spec_coverage(&registered_ops(), &spec_keys);
@@ -245,7 +247,7 @@ pub fn run(opts: &Options) -> Report {
                 report.failures.push(Failure { op: display_name(spec.domain(), spec.op()), case, outcome, saved });
             }
         }
-        if log_lines {
+        if opts.log {
             let (cases, passed) = rows.values().fold((0, 0), |(c, p), r| (c + r.cases, p + r.passed));
             eprintln!(
                 "{}: {passed}/{cases} passed ({:.1} s)",
