@@ -24,11 +24,13 @@ fn ops_checked_in_python_are_there() {
         include_str!("../../../python/check_plugin.py"),
         include_str!("../../../python/check_control_flow.py"),
         include_str!("../../../python/check_tree_ensemble.py"),
+        include_str!("../../../python/check_sparse_attention.py"),
     ];
     for op in CHECKED_IN_PYTHON {
         assert!(
             python.iter().any(|p| p.contains(&format!("make_node(\"{op}\""))),
-            "`{op}` is not checked in python/check_plugin.py, check_control_flow.py or check_tree_ensemble.py"
+            "`{op}` is not checked in python/check_plugin.py, check_control_flow.py, check_tree_ensemble.py or \
+             check_sparse_attention.py"
         );
     }
 }

@@ -41,7 +41,10 @@ fn claim_conversion(node: &NodeInfo, to: ElemType) -> std::result::Result<(), De
     if !convertible(to) {
         return Err(Decline(format!("{} to {to:?} is not supported", node.op_type)));
     }
-    node.attr_int("saturate", 1)?;
+    // (ORT's CPU EP refuses the node when creating its kernel: left to it, which raises.)
+    if node.attr_int("saturate", 1)? == 0 && Float8::of(to).is_none() {
+        return Err(Decline(format!("saturate=0 applies only to a float8 target, not {to:?}")));
+    }
     Ok(())
 }
 

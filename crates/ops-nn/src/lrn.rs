@@ -3,7 +3,7 @@
 //! EP runs, with an odd `size`; other ranks, types and sizes are left to it).
 
 use ep_core::lowering::{FnLowering, require_input_rank, require_inputs, require_types};
-use ep_core::mlx::{Array, ops};
+use ep_core::mlx::{Array, Dtype, ops};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result};
 
 /// The widest window summed slice by slice.
@@ -47,13 +47,26 @@ fn lower(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
     let c = shape[1];
     let (lo, hi) = ((size - 1) / 2, size - 1 - (size - 1) / 2);
     let zero = ops::scalar(0.0, x.dtype(), s)?;
-    // The window sums as differences of a running sum over the zero-padded squares, as ORT's
-    // CPU EP computes them: a non-finite square makes every later channel's sum NaN there too.
-    let padded = ops::pad(&ops::square(x, s)?, &[0, lo + 1, 0, 0], &[0, hi, 0, 0], &zero, "constant", s)?;
-    let running = ops::cumulative(&padded, 1, false, false, true, s)?;
-    let end = ops::slice(&running, &[0, size, 0, 0], &[shape[0], size + c, shape[2], shape[3]], s)?;
-    let start = ops::slice(&running, &[0, 0, 0, 0], &[shape[0], c, shape[2], shape[3]], s)?;
-    let sum = ops::subtract(&end, &start, s)?;
+    // Each window summed directly, slice by slice (a difference of running sums cancels: with
+    // a bias of 0 the result is off by 1e-3). Where ORT's running sum has passed a non-finite
+    // square (it subtracts it back out: inf - inf), every later channel is NaN there, as in ORT.
+    let squares = ops::square(x, s)?;
+    let padded = ops::pad(&squares, &[0, lo, 0, 0], &[0, hi, 0, 0], &zero, "constant", s)?;
+    let mut sum = ops::slice(&padded, &[0, 0, 0, 0], &[shape[0], c, shape[2], shape[3]], s)?;
+    for j in 1..size {
+        let part = ops::slice(&padded, &[0, j, 0, 0], &[shape[0], j + c, shape[2], shape[3]], s)?;
+        sum = ops::add(&sum, &part, s)?;
+    }
+    // Channel c's window is channels [c - lo, c + hi]: a non-finite square before c - lo has
+    // left it (NaN squares poison from the moment they enter, which the window sum shows).
+    // (`x - x` is 0 for a finite x, NaN for an infinite or NaN one.)
+    let bad = ops::not_equal(&ops::subtract(&squares, &squares, s)?, &zero, s)?;
+    let bad = ops::astype(&bad, Dtype::I32, s)?;
+    let seen = ops::cumulative(&bad, 1, false, false, true, s)?;
+    let left = ops::pad(&seen, &[0, lo + 1, 0, 0], &[0, 0, 0, 0], &ops::scalar(0.0, Dtype::I32, s)?, "constant", s)?;
+    let left = ops::slice(&left, &[0, 0, 0, 0], &[shape[0], c, shape[2], shape[3]], s)?;
+    let nan = ops::scalar(f64::NAN, x.dtype(), s)?;
+    let sum = ops::where_(&ops::greater(&left, &ops::scalar(0.0, Dtype::I32, s)?, s)?, &nan, &sum, s)?;
     let scale = ops::multiply(&sum, &ops::scalar(alpha / size as f64, x.dtype(), s)?, s)?;
     let base = ops::add(&scale, &ops::scalar(bias, x.dtype(), s)?, s)?;
     let denom = ops::power(&base, &ops::scalar(beta, x.dtype(), s)?, s)?;

@@ -75,6 +75,11 @@ impl Window {
             let eff = (k - 1) * d + 1;
             let o = match auto {
                 "SAME_UPPER" | "SAME_LOWER" => {
+                    // (A convolution's output size is `(x + stride - 1) / stride` in ORT's
+                    // checked 64-bit arithmetic: an error where that sum overflows.)
+                    if !empty_ok {
+                        fit(x + st - 1, "input size plus stride")?;
+                    }
                     let o = (x + st - 1) / st;
                     let total = ((o - 1) * st + eff - x).max(0);
                     let small = total / 2;

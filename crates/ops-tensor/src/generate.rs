@@ -126,6 +126,10 @@ fn lower_eye_like(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
         _ => x.dtype(),
     };
     let s = ctx.stream_for(dtype);
+    if shape.contains(&0) {
+        // (No index ranges for an empty result: one of them may be 2^31 - 1 long.)
+        return Ok(vec![ops::full(&shape, &ops::scalar(0.0, dtype, s)?, dtype, s)?]);
+    }
     let rows = ops::reshape(&ops::arange(0.0, shape[0] as f64, 1.0, Dtype::I64, s)?, &[shape[0], 1], s)?;
     let cols = ops::arange(0.0, shape[1] as f64, 1.0, Dtype::I64, s)?;
     let diag = ops::equal(&ops::add(&rows, &ops::scalar(k as f64, Dtype::I64, s)?, s)?, &cols, s)?;
@@ -165,6 +169,13 @@ fn lower_one_hot(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> 
     ep_core::lowering::check_shape(&out, values.dtype())?;
     let r = ind.ndim();
     let axis = normalize_axis(node.attr_int("axis", -1)?, r + 1)?;
+    if out.contains(&0) {
+        // An empty result: no class range is built (depth may be 2^31 - 1, the range alone
+        // gigabytes).
+        let mut shape = ind.shape();
+        shape.insert(axis, depth);
+        return Ok(vec![ops::full(&shape, &ops::scalar(0.0, values.dtype(), s)?, values.dtype(), s)?]);
+    }
     let dim = ops::scalar(depth as f64, Dtype::I64, s)?;
     let zero = ops::scalar(0.0, Dtype::I64, s)?;
     let ind = ops::where_(&ops::less(&ind, &zero, s)?, &ops::add(&ind, &dim, s)?, &ind, s)?;
