@@ -332,10 +332,11 @@ for s in "${sections[@]}"; do
     conformance)
       section "conformance: the property suite on the GPU against the CPU EP (${CASES:-4} cases per op)"
       suite=/tmp/mlx-gpu/mlx-ep-conformance
-      [ -x "$suite" ] || { gunzip -c target/gpu/bin/mlx-ep-conformance.gz > "$suite" && chmod +x "$suite"; }
+      # (Unpacked every time: a warm machine may hold an earlier staging's suite.)
+      gunzip -c target/gpu/bin/mlx-ep-conformance.gz > "$suite.tmp" && chmod +x "$suite.tmp" && mv "$suite.tmp" "$suite"
       args=(--log --cases "${CASES:-4}" --failures-dir "$out/conformance-failures" --json /tmp/mlx-gpu/json/conformance.json)
       [ -n "${OPS:-}" ] && args+=(--op "$OPS")
-      timed "${CONFORMANCE_LIMIT:-540}" conformance "$suite" "${args[@]}" 2>&1 | grep -vE '^\S+ +\S+ +[0-9]+ +[0-9]+ +0 +0 |^(\S+): ([0-9]+)/\2 passed' ;;
+      timed "${CONFORMANCE_LIMIT:-540}" conformance "$suite" "${args[@]}" 2>&1 | grep --line-buffered -vE '^\S+ +\S+ +[0-9]+ +[0-9]+ +0 +0 |^(\S+): ([0-9]+)/\2 passed' ;;
     cmd)
       section "command: $GPU_CMD"
       bash -c "$GPU_CMD" ;;

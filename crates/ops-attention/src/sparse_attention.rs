@@ -147,11 +147,10 @@ fn block_table(ctx: &LowerCtx<'_>, layouts: i64, blocks: i64, s: &Stream) -> Res
     let slots = ops::reshape(&ops::arange(0.0, nnz as f64, 1.0, Dtype::I32, s)?, &[1, nnz, 1], s)?;
     // Row of each entry: how many rows end at or before it.
     let row_of = ops::sum_axes(&ops::astype(&ops::less_equal(&ends, &slots, s)?, Dtype::I32, s)?, &[2], true, s)?;
-    let used = ops::less(
-        &slots,
-        &ops::reshape(&ops::slice(&rows, &[0, blocks], &[layouts, blocks + 1], s)?, &[layouts, 1, 1], s)?,
-        s,
-    )?;
+    // (Entries outside [rows[0], rows[R]) belong to no row.)
+    let first = ops::reshape(&ops::slice(&rows, &[0, 0], &[layouts, 1], s)?, &[layouts, 1, 1], s)?;
+    let end = ops::reshape(&ops::slice(&rows, &[0, blocks], &[layouts, blocks + 1], s)?, &[layouts, 1, 1], s)?;
+    let used = ops::logical_and(&ops::greater_equal(&slots, &first, s)?, &ops::less(&slots, &end, s)?, s)?;
     let range = ops::reshape(&ops::arange(0.0, blocks as f64, 1.0, Dtype::I32, s)?, &[1, 1, blocks], s)?;
     let one_hot = |index: &Array| -> Result<Array> {
         Ok(ops::astype(&ops::logical_and(&ops::equal(index, &range, s)?, &used, s)?, Dtype::F32, s)?)

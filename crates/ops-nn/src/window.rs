@@ -76,9 +76,10 @@ impl Window {
             let o = match auto {
                 "SAME_UPPER" | "SAME_LOWER" => {
                     // (A convolution's output size is `(x + stride - 1) / stride` in ORT's
-                    // checked 64-bit arithmetic: an error where that sum overflows.)
+                    // checked 64-bit arithmetic, added left to right: an error where `x +
+                    // stride` overflows.)
                     if !empty_ok {
-                        fit(x + st - 1, "input size plus stride")?;
+                        fit(x + st, "input size plus stride")?;
                     }
                     let o = (x + st - 1) / st;
                     let total = ((o - 1) * st + eff - x).max(0);
