@@ -46,13 +46,14 @@ fn broadcast_param(param: &Array, x: &[i64], axis: usize, block: i64, s: &Stream
         shape[axis] = x[axis];
         return Ok(ops::reshape(param, &shape, s)?);
     }
-    // As ORT's CPU EP: exactly ceil(x / block) blocks along the axis, no more.
-    if ps.len() != x.len()
-        || (0..x.len()).any(|d| d != axis && ps[d] != x[d])
-        || ps[axis] != (x[axis] + block - 1) / block
-    {
+    // As ORT's CPU EP: exactly ceil(x / block) blocks along the axis, no more. (Written so
+    // that a block size near 2^63 cannot overflow.)
+    let blocks = if x[axis] == 0 { 0 } else { (x[axis] - 1) / block + 1 };
+    if ps.len() != x.len() || (0..x.len()).any(|d| d != axis && ps[d] != x[d]) || ps[axis] != blocks {
         bail!("blocked parameter {ps:?} does not hold ceil({x:?} / {block}) blocks along axis {axis}");
     }
+    // A block longer than the axis is the axis: one block (MLX's sizes are 32-bit).
+    let block = block.min(x[axis].max(1));
     let mut wide = ps.clone();
     wide.insert(axis + 1, block);
     let t = ops::broadcast_to(&ops::expand_dims(param, axis as i32 + 1, s)?, &wide, s)?;
