@@ -13,6 +13,7 @@
 //! `crates/plugin/registered-ops.txt`, and register its conformance spec next to it.
 #![forbid(unsafe_code)]
 
+mod antialias;
 mod arrange;
 mod gather;
 mod generate;

@@ -2,7 +2,8 @@
 //! and cubic (`cubic_coeff_a`, `exclude_outside`) interpolation with every coordinate
 //! transformation mode, including `tf_crop_and_resize` with its ROI and extrapolation value.
 //! Interpolation is separable: each resized axis is gathered at host-computed source indices
-//! and combined with host-computed weights. `antialias` is left to the CPU EP.
+//! and combined with host-computed weights. `antialias` (linear and cubic) widens the filter
+//! when shrinking, as ORT's CPU EP computes it (`antialias.rs`).
 
 use ep_core::lowering::{ALL_TYPES, FLOATS, FnLowering, input_type, normalize_axis, require_input_type};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -24,8 +25,8 @@ fn claim_resize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if mode != "nearest" && !input_type(node, 0).is_some_and(|t| FLOATS.contains(&t) || t == ElemType::F64) {
         return Err(Decline::new("linear and cubic interpolation take float inputs"));
     }
-    if node.attr_int("antialias", 0)? != 0 {
-        return Err(Decline::new("antialias is left to the CPU EP"));
+    if node.attr_int("antialias", 0)? != 0 && mode == "nearest" {
+        return Err(Decline::new("antialias with nearest mode is left to the CPU EP"));
     }
     let nearest = string_attr(node, "nearest_mode", "round_prefer_floor");
     if !matches!(nearest, "round_prefer_floor" | "round_prefer_ceil" | "floor" | "ceil") {
@@ -47,19 +48,26 @@ fn claim_resize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if !matches!(policy, "stretch" | "not_larger" | "not_smaller") {
         return Err(Decline(format!("keep_aspect_ratio_policy '{policy}' is not supported")));
     }
-    if node.attr_int("exclude_outside", 0)? != 0 && mode != "cubic" {
-        return Err(Decline(format!("exclude_outside with mode '{mode}' (only cubic takes it here)")));
+    // (ORT's antialiasing filter reads it in linear mode too.)
+    let antialias = node.attr_int("antialias", 0)? != 0;
+    if node.attr_int("exclude_outside", 0)? != 0 && mode != "cubic" && !(antialias && mode == "linear") {
+        return Err(Decline(format!(
+            "exclude_outside with mode '{mode}' (only cubic, or antialiased linear, takes it here)"
+        )));
     }
     Ok(())
 }
 
 /// The interpolation of one axis: for each output position, source indices and weights.
-struct AxisPlan {
-    taps: usize,
-    indices: Vec<i64>,
-    weights: Vec<f32>,
+pub(crate) struct AxisPlan {
+    pub(crate) taps: usize,
+    pub(crate) indices: Vec<i64>,
+    pub(crate) weights: Vec<f32>,
     /// Positions outside the ROI (tf_crop_and_resize), which take the extrapolation value.
-    outside: Vec<bool>,
+    pub(crate) outside: Vec<bool>,
+    /// Per tap, whether it is one (empty: all are): positions with fewer taps than the widest
+    /// are padded with taps that read nothing (not even a NaN times 0).
+    pub(crate) real: Vec<bool>,
 }
 
 fn cubic_weights(t: f64, a: f64) -> [f64; 4] {
@@ -93,6 +101,46 @@ impl<'a> Modes<'a> {
     }
 }
 
+/// The input coordinate of output position `x` under the coordinate transformation `ctm`.
+/// In float32, as ORT computes it: the rounding of nearest modes depends on it.
+/// align_corners and tf_crop_and_resize use the unrounded resized length `in * scale`, as ONNX
+/// defines them (ORT's CPU EP uses the rounded one and fails those node tests).
+pub(crate) fn source_coordinate(ctm: &str, x: f32, scale: f32, n_in: i64, n_out: i64, roi: (f64, f64)) -> f32 {
+    let (fin, fout) = (n_in as f32, n_out as f32);
+    let flen = fin * scale;
+    match ctm {
+        "half_pixel" => (x + 0.5) / scale - 0.5,
+        "half_pixel_symmetric" => {
+            let adjustment = fout / (scale * fin);
+            let center = fin / 2.0;
+            center * (1.0 - adjustment) + (x + 0.5) / scale - 0.5
+        }
+        "pytorch_half_pixel" => {
+            if n_out > 1 {
+                (x + 0.5) / scale - 0.5
+            } else {
+                0.0
+            }
+        }
+        "align_corners" => {
+            if flen == 1.0 {
+                0.0
+            } else {
+                x * (fin - 1.0) / (flen - 1.0)
+            }
+        }
+        "asymmetric" => x / scale,
+        _ => {
+            let (start, end) = (roi.0 as f32, roi.1 as f32);
+            if flen != 1.0 {
+                start * (fin - 1.0) + x * (end - start) * (fin - 1.0) / (flen - 1.0)
+            } else {
+                0.5 * (start + end) * (fin - 1.0)
+            }
+        }
+    }
+}
+
 fn plan_axis(
     node: &NodeInfo,
     modes: Modes<'_>,
@@ -103,47 +151,10 @@ fn plan_axis(
     roi: (f64, f64),
 ) -> Result<AxisPlan> {
     let ctm = modes.ctm;
-    // In float32, as ORT computes it: the rounding of nearest modes depends on it.
-    // align_corners and tf_crop_and_resize use the unrounded resized length `in * scale`, as
-    // ONNX defines them (ORT's CPU EP uses the rounded one and fails those node tests).
-    let (scale, fin, fout) = (scale as f32, n_in as f32, n_out as f32);
-    let flen = fin * scale;
-    let source = |x: f64| -> f64 {
-        let x = x as f32;
-        (match ctm {
-            "half_pixel" => (x + 0.5) / scale - 0.5,
-            "half_pixel_symmetric" => {
-                let adjustment = fout / (scale * fin);
-                let center = fin / 2.0;
-                center * (1.0 - adjustment) + (x + 0.5) / scale - 0.5
-            }
-            "pytorch_half_pixel" => {
-                if n_out > 1 {
-                    (x + 0.5) / scale - 0.5
-                } else {
-                    0.0
-                }
-            }
-            "align_corners" => {
-                if flen == 1.0 {
-                    0.0
-                } else {
-                    x * (fin - 1.0) / (flen - 1.0)
-                }
-            }
-            "asymmetric" => x / scale,
-            _ => {
-                let (start, end) = (roi.0 as f32, roi.1 as f32);
-                if flen != 1.0 {
-                    start * (fin - 1.0) + x * (end - start) * (fin - 1.0) / (flen - 1.0)
-                } else {
-                    0.5 * (start + end) * (fin - 1.0)
-                }
-            }
-        }) as f64
-    };
+    let source = |x: f64| source_coordinate(ctm, x as f32, scale as f32, n_in, n_out, roi) as f64;
     let last = n_in - 1;
-    let mut plan = AxisPlan { taps: 0, indices: Vec::new(), weights: Vec::new(), outside: Vec::new() };
+    let mut plan =
+        AxisPlan { taps: 0, indices: Vec::new(), weights: Vec::new(), outside: Vec::new(), real: Vec::new() };
     for o in 0..n_out {
         let x = source(o as f64);
         plan.outside.push(ctm == "tf_crop_and_resize" && (x < 0.0 || x > last as f64));
@@ -203,7 +214,7 @@ fn plan_axis(
 }
 
 /// Resamples `x` along `axis` per `plan`.
-fn apply(x: &Array, axis: usize, plan: &AxisPlan, extrapolation: f64, s: &Stream) -> Result<Array> {
+pub(crate) fn apply(x: &Array, axis: usize, plan: &AxisPlan, extrapolation: f64, s: &Stream) -> Result<Array> {
     let n_out = plan.outside.len() as i64;
     let taps = plan.taps as i64;
     let idx = Array::from_slice(&plan.indices, &[n_out * taps])?;
@@ -218,7 +229,12 @@ fn apply(x: &Array, axis: usize, plan: &AxisPlan, extrapolation: f64, s: &Stream
         wshape[axis] = n_out;
         wshape[axis + 1] = taps;
         let w = Array::from_slice(&plan.weights, &wshape)?;
-        let sum = ops::sum_axes(&ops::multiply(&g, &w, s)?, &[axis as i32 + 1], false, s)?;
+        let mut terms = ops::multiply(&g, &w, s)?;
+        if !plan.real.is_empty() {
+            let real = Array::from_slice(&plan.real, &wshape)?;
+            terms = ops::where_(&real, &terms, &ops::scalar(0.0, Dtype::F32, s)?, s)?;
+        }
+        let sum = ops::sum_axes(&terms, &[axis as i32 + 1], false, s)?;
         ops::astype(&sum, x.dtype(), s)?
     };
     if plan.outside.iter().any(|&o| o) {
@@ -352,8 +368,22 @@ fn resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo, modes: Modes<'_>) -> Result<V
         return Ok(vec![x.clone()]);
     }
     let extrapolation = node.attr_float("extrapolation_value", 0.0)? as f64;
+    let antialias = !upsample && mode != "nearest" && node.attr_int("antialias", 0)? != 0;
     let mut y = x.clone();
     for (j, &a) in axes.iter().enumerate() {
+        if antialias {
+            // ORT's filter over every interpolated axis whose size changes.
+            if out[a] == shape[a] || !interpolated.contains(&a) {
+                continue;
+            }
+            let roi_a = match &roi {
+                Some(v) if v.len() == 2 * k => (v[j], v[j + k]),
+                _ => (0.0, 1.0),
+            };
+            let plan = crate::antialias::plan(node, modes.ctm, mode, shape[a], out[a], scale[a], roi_a)?;
+            y = apply(&y, a, &plan, extrapolation, s)?;
+            continue;
+        }
         // (An axis ORT's CPU EP interpolates is planned even at scale 1: its zero weights
         // make an infinite neighbour NaN there too.)
         if out[a] == shape[a] && scale[a] == 1.0 && !interpolated.contains(&a) {
@@ -420,10 +450,10 @@ mod spec {
     const NEAREST: &[&str] = &["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"];
 
     register_spec!(super::RESIZE, || {
-        let attrs = (select(MODES), select(CTMS), select(NEAREST), any::<(bool, bool)>());
+        let attrs = (select(MODES), select(CTMS), select(NEAREST), any::<(bool, bool, bool)>());
         // 4-D inputs resized on their last two axes: the forms ORT's CPU EP takes for every mode.
         (float_dtype(), nonempty_shape(2..=2), collection::vec(1..=6i64, 2), attrs, opset(13..=19), seed())
-            .prop_map(|(t, lead, sp, (mode, ctm, nearest, (by_sizes, exclude)), v, seed)| {
+            .prop_map(|(t, lead, sp, (mode, ctm, nearest, (by_sizes, exclude, antialias)), v, seed)| {
                 let ctm = if ctm == "half_pixel_symmetric" && v < 19 { "half_pixel" } else { ctm };
                 let x_shape = [lead.clone(), vec![3, 4]].concat();
                 let r = x_shape.len();
@@ -451,6 +481,13 @@ mod spec {
                 }
                 if mode == "cubic" && exclude {
                     case = case.attr_int("exclude_outside", 1);
+                }
+                // Antialiasing (opset 18): linear and cubic, shrinking or growing.
+                if antialias && mode != "nearest" && v >= 18 {
+                    case = case.attr_int("antialias", 1);
+                    if mode == "linear" && exclude {
+                        case = case.attr_int("exclude_outside", 1);
+                    }
                 }
                 case.output("y", t, &out).with_seed(seed)
             })
