@@ -52,8 +52,9 @@ fn claim_qlinear_matmul(node: &NodeInfo) -> std::result::Result<(), Decline> {
     for i in [0, 2, 3, 5, 7] {
         require_input_type(node, i, Q8)?;
     }
+    // (Opset 21's half-type scales are read in float32, as the float32 ones are.)
     for i in [1, 4, 6] {
-        require_input_type(node, i, &[ElemType::F32])?;
+        require_input_type(node, i, &[ElemType::F32, ElemType::F16, ElemType::BF16])?;
     }
     for i in [0, 3] {
         if ep_core::lowering::input_rank(node, i).is_none_or(|r| r < 2) {
@@ -150,17 +151,19 @@ mod spec {
     });
 
     register_spec!(super::QLINEAR_MATMUL, || {
-        (qtype(), (1..=3i64, prop_oneof![1..=40i64, 250..=400i64], 1..=4i64), seed())
-            .prop_map(|(t, (m, k, n), seed)| {
+        (qtype(), (1..=3i64, prop_oneof![1..=40i64, 250..=400i64], 1..=4i64), any::<bool>(), seed())
+            .prop_map(|(t, (m, k, n), half, seed)| {
                 let scale = |hi: f64| Values::Uniform { lo: hi / 4.0, hi };
-                Case::op("QLinearMatMul", 10)
+                // Opset 21 takes float16 scales too.
+                let (v, st) = if half { (21, DType::F16) } else { (10, DType::F32) };
+                Case::op("QLinearMatMul", v)
                     .input_with("a", t, &[m, k], full_range(t))
-                    .input_with("a_scale", DType::F32, &[], scale(0.05))
+                    .input_with("a_scale", st, &[], scale(0.05))
                     .input_with("a_zp", t, &[], full_range(t))
                     .input_with("b", t, &[k, n], Values::int8_weights(t))
-                    .input_with("b_scale", DType::F32, &[], scale(0.05))
+                    .input_with("b_scale", st, &[], scale(0.05))
                     .input_with("b_zp", t, &[], full_range(t))
-                    .input_with("y_scale", DType::F32, &[], scale(20.0))
+                    .input_with("y_scale", st, &[], scale(20.0))
                     .input_with("y_zp", t, &[], full_range(t))
                     .output("y", t, &[m, n])
                     .with_seed(seed)
