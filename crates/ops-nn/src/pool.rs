@@ -28,11 +28,17 @@ fn claim_pool(node: &NodeInfo) -> std::result::Result<(), Decline> {
 
 /// The pooling attributes and the input's rank (3 to 5) and dims, for any layout.
 pub(crate) fn claim_window(node: &NodeInfo) -> std::result::Result<(), Decline> {
-    if node.outputs.iter().skip(1).any(Option::is_some) {
-        return Err(Decline::new("the Indices output of MaxPool is not supported"));
+    let indices = node.outputs.iter().skip(1).any(Option::is_some);
+    // (ORT's kernel starts each window from the type's lowest value, which is a value an 8-bit
+    // input holds: only float32's indices are taken.)
+    if indices && (node.op_type != "MaxPool" || ep_core::lowering::input_type(node, 0) != Some(ElemType::F32)) {
+        return Err(Decline::new("the Indices output is taken for float32 MaxPool only"));
     }
-    if node.attr_int("storage_order", 0)? != 0 {
-        return Err(Decline::new("storage_order=1 is not supported"));
+    // Column-major indices over two spatial axes (the order is moot without indices).
+    match node.attr_int("storage_order", 0)? {
+        0 => {}
+        1 if !indices || ep_core::lowering::input_rank(node, 0) == Some(4) => {}
+        other => return Err(Decline(format!("storage_order={other} is taken for 2-D indices only"))),
     }
     let Some(kernel) = node.attr_ints("kernel_shape")? else {
         return Err(Decline::new("kernel_shape is required"));
@@ -82,7 +88,80 @@ fn empty_pool(shape: &[i64], out_spatial: impl FnOnce() -> Result<Vec<i64>>) -> 
 }
 
 fn pool(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Array>> {
+    if kind == Kind::Max && node.output(1).is_some() {
+        return max_pool_with_indices(ctx.input(0)?, node, ctx.stream());
+    }
     Ok(vec![pool_of(ctx.input(0)?, node, kind, ctx.stream())?])
+}
+
+/// MaxPool with its Indices output, as ORT's CPU kernel computes both in one scan: each window
+/// from float32's lowest value, taking an element only when strictly greater (NaN never, the
+/// first of equal maxima), so the value is at least that lowest value and the index is the
+/// element's position in the flattened input (`(n * C + c) * spatial + position`, the position
+/// row-major, or column-major over two spatial axes with `storage_order=1`); a window with no
+/// element above the lowest value keeps the position of `-1` on every axis.
+fn max_pool_with_indices(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Vec<Array>> {
+    let shape = x.shape();
+    let k = shape.len() - 2;
+    let kernel = node.attr_ints("kernel_shape")?.ok_or("kernel_shape is required")?.to_vec();
+    let ceil = node.attr_int("ceil_mode", 0)? == 1;
+    let w = Window::of_pool(node, &shape[2..], kernel, ceil)?;
+    let out = [shape[..2].to_vec(), w.out.clone()].concat();
+    if shape.contains(&0) || w.out.contains(&0) {
+        if shape.contains(&0) && shape[0] != 0 {
+            bail!("invalid input shape {shape:?}: only the batch may be empty");
+        }
+        return Ok(vec![
+            ops::full(&out, &ops::scalar(0.0, x.dtype(), s)?, x.dtype(), s)?,
+            ops::full(&out, &ops::scalar(0.0, Dtype::I64, s)?, Dtype::I64, s)?,
+        ]);
+    }
+    let spatial = &shape[2..];
+    // Each spatial position's index (row-major, or column-major), as a [1, 1, *spatial] map.
+    let column = node.attr_int("storage_order", 0)? == 1;
+    let mut strides = vec![1i64; k];
+    for i in 0..k {
+        strides[i] = if column { spatial[..i].iter().product() } else { spatial[i + 1..].iter().product() };
+    }
+    let positions: Vec<i64> = (0..spatial.iter().product::<i64>())
+        .map(|flat| {
+            let mut rest = flat;
+            let mut at = 0;
+            for i in (0..k).rev() {
+                at += (rest % spatial[i]) * strides[i];
+                rest /= spatial[i];
+            }
+            at
+        })
+        .collect();
+    let map = Array::from_slice(&positions, &[vec![1, 1], spatial.to_vec()].concat())?;
+    // Windows: [N, C, o1, k1, o2, k2, ...] -> [N, C, o1, o2, ..., k1 * k2 * ...].
+    let mut perm: Vec<i32> = vec![0, 1];
+    perm.extend((0..k as i32).map(|i| 2 + 2 * i));
+    perm.extend((0..k as i32).map(|i| 3 + 2 * i));
+    let taps: i64 = w.kernel.iter().product();
+    let flat = |a: &Array, lead: &[i64]| -> Result<Array> {
+        let t = ops::transpose_axes(a, &perm, s)?;
+        Ok(ops::reshape(&t, &[lead.to_vec(), w.out.clone(), vec![taps]].concat(), s)?)
+    };
+    let skipped = ops::where_(&ops::isnan(x, s)?, &ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?, x, s)?;
+    let values = flat(&windows(&skipped, &w, f64::NEG_INFINITY, s)?, &shape[..2])?;
+    let places = flat(&windows(&map, &w, -1.0, s)?, &[1, 1])?;
+    let top = ops::max_axes(&values, &[-1], true, s)?;
+    let lowest = ops::scalar(f32::MIN as f64, Dtype::F32, s)?;
+    // The first tap holding the maximum (argmax of a window of equal values is its first).
+    let first = ops::argmax_axis(&values, -1, true, s)?;
+    let place = ops::take_along_axis(&ops::broadcast_to(&places, &values.shape(), s)?, &first, -1, s)?;
+    let none = ops::scalar(-strides.iter().sum::<i64>() as f64, Dtype::I64, s)?;
+    let place = ops::where_(&ops::greater(&top, &lowest, s)?, &place, &none, s)?;
+    let x_step: i64 = spatial.iter().product();
+    let mut cshape = vec![shape[0], shape[1]];
+    cshape.resize(2 + k + 1, 1);
+    let channel = ops::arange(0.0, (shape[0] * shape[1]) as f64, 1.0, Dtype::I64, s)?;
+    let offset = ops::multiply(&ops::reshape(&channel, &cshape, s)?, &ops::scalar(x_step as f64, Dtype::I64, s)?, s)?;
+    let index = ops::reshape(&ops::add(&place, &offset, s)?, &out, s)?;
+    let value = ops::reshape(&ops::maximum(&top, &lowest, s)?, &out, s)?;
+    Ok(vec![value, index])
 }
 
 /// `x` (NCHW-ordered: `[N, C, *spatial]`) pooled as `node`'s attributes say.
@@ -315,7 +394,14 @@ mod spec {
                 if op == "AveragePool" && include {
                     case = case.attr_int("count_include_pad", 1);
                 }
-                case.output("y", t, &out).with_seed(seed)
+                let case = case.output("y", t, &out);
+                // MaxPool's Indices (float32; opset 8 on): row-major, or column-major over two
+                // spatial axes.
+                if op == "MaxPool" && include && t == DType::F32 {
+                    let case = if dims == 2 && seed % 2 == 1 { case.attr_int("storage_order", 1) } else { case };
+                    return case.output("indices", DType::I64, &out).with_seed(seed);
+                }
+                case.with_seed(seed)
             })
             .boxed()
     }
