@@ -470,6 +470,32 @@ def test_unchanged_inputs_are_not_copied_again():
     assert int(found.group(1)) == 2 * 1024 * 4, found.group(0)
 
 
+def test_maxpool_indices_ties_nan():
+    """MaxPool's Indices: windows of ties, NaN and -inf (ORT's scan keeps a window's first
+    element unless a later one is strictly greater), 1-D to 3-D, row- and column-major."""
+    rng = np.random.default_rng(0)
+    forms = [((2, 3, 6, 7), [3, 3], [1, 2], [1, 1, 1, 1], 0), ((2, 3, 6, 7), [3, 3], [1, 2], [1, 1, 1, 1], 1),
+             ((1, 2, 9), [3], [2], [1, 1], 0), ((1, 2, 4, 5, 6), [2, 2, 2], [1, 1, 1], [1, 0, 1, 1, 0, 1], 0)]
+    for shape, kernel, strides, pads, order in forms:
+        node = helper.make_node("MaxPool", ["x"], ["y", "i"], name="pool", kernel_shape=kernel, strides=strides,
+                                pads=pads, storage_order=order)
+        m = model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [f"y{j}" for j in range(len(shape))]),
+                   helper.make_tensor_value_info("i", TensorProto.INT64, [f"i{j}" for j in range(len(shape))])],
+                  opset=12)
+        s, cpu = mlx_session(m), cpu_session(m)
+        assert assigned(s) == {"pool": EP}, assigned(s)
+        for trial in range(6):
+            x = rng.integers(0, 2, shape).astype(np.float32)  # ties everywhere
+            if trial % 3 == 0:
+                x[0, 0] = -np.inf
+            if trial % 2 == 0:
+                x.ravel()[rng.integers(0, x.size, 5)] = np.nan
+            got, want = s.run(None, {"x": x}), cpu.run(None, {"x": x})
+            np.testing.assert_array_equal(got[0], want[0], err_msg=f"values {shape} order {order}")
+            np.testing.assert_array_equal(got[1], want[1], err_msg=f"indices {shape} order {order}")
+
+
 def main():
     if sys.argv[1:] == ["--kv-child"]:
         return kv_child()
@@ -492,6 +518,7 @@ def main():
     check("int4/uint4/int2/uint2 blocked QuantizeLinear on MLX, packed into ORT's output", test_int4_quantize)
     check("copied inputs: unchanged ones reused, ones changed in place seen", test_unchanged_inputs_are_not_copied_again)
     check("float8 values cross partitions as their bytes; float8 Cast and QDQ on MLX", test_float8_values_cross_partitions)
+    check("MaxPool's Indices over ties, NaN and -inf, 1-D to 3-D, both storage orders", test_maxpool_indices_ties_nan)
     failed = sum(1 for _, e in results if e is not None)
     print(f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0

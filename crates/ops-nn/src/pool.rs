@@ -29,8 +29,7 @@ fn claim_pool(node: &NodeInfo) -> std::result::Result<(), Decline> {
 /// The pooling attributes and the input's rank (3 to 5) and dims, for any layout.
 pub(crate) fn claim_window(node: &NodeInfo) -> std::result::Result<(), Decline> {
     let indices = node.outputs.iter().skip(1).any(Option::is_some);
-    // (ORT's kernel starts each window from the type's lowest value, which is a value an 8-bit
-    // input holds: only float32's indices are taken.)
+    // (Checked against ORT's kernel in float32; other types are left to it.)
     if indices && (node.op_type != "MaxPool" || ep_core::lowering::input_type(node, 0) != Some(ElemType::F32)) {
         return Err(Decline::new("the Indices output is taken for float32 MaxPool only"));
     }
@@ -95,11 +94,11 @@ fn pool(ctx: &mut LowerCtx<'_>, node: &NodeInfo, kind: Kind) -> Result<Vec<Array
 }
 
 /// MaxPool with its Indices output, as ORT's CPU kernel computes both in one scan: each window
-/// from float32's lowest value, taking an element only when strictly greater (NaN never, the
-/// first of equal maxima), so the value is at least that lowest value and the index is the
-/// element's position in the flattened input (`(n * C + c) * spatial + position`, the position
-/// row-major, or column-major over two spatial axes with `storage_order=1`); a window with no
-/// element above the lowest value keeps the position of `-1` on every axis.
+/// starts from its first element inside the input and takes a later one only when strictly
+/// greater (the first of equal maxima; NaN never replaces, and a NaN first element stays), the
+/// index being the element's position in the flattened input (`(n * C + c) * spatial +
+/// position`, the position row-major, or column-major over two spatial axes with
+/// `storage_order=1`).
 fn max_pool_with_indices(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Vec<Array>> {
     let shape = x.shape();
     let k = shape.len() - 2;
@@ -144,24 +143,30 @@ fn max_pool_with_indices(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Vec<A
         let t = ops::transpose_axes(a, &perm, s)?;
         Ok(ops::reshape(&t, &[lead.to_vec(), w.out.clone(), vec![taps]].concat(), s)?)
     };
-    let skipped = ops::where_(&ops::isnan(x, s)?, &ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?, x, s)?;
-    let values = flat(&windows(&skipped, &w, f64::NEG_INFINITY, s)?, &shape[..2])?;
-    let places = flat(&windows(&map, &w, -1.0, s)?, &[1, 1])?;
-    let top = ops::max_axes(&values, &[-1], true, s)?;
-    let lowest = ops::scalar(f32::MIN as f64, Dtype::F32, s)?;
-    // The first tap holding the maximum (argmax of a window of equal values is its first).
-    let first = ops::argmax_axis(&values, -1, true, s)?;
-    let place = ops::take_along_axis(&ops::broadcast_to(&places, &values.shape(), s)?, &first, -1, s)?;
-    let none = ops::scalar(-strides.iter().sum::<i64>() as f64, Dtype::I64, s)?;
-    let place = ops::where_(&ops::greater(&top, &lowest, s)?, &place, &none, s)?;
+    let raw = flat(&windows(x, &w, f64::NEG_INFINITY, s)?, &shape[..2])?;
+    let places = ops::broadcast_to(&flat(&windows(&map, &w, -1.0, s)?, &[1, 1])?, &raw.shape(), s)?;
+    // The window's first element inside the input (every window has one: pads stay below the
+    // kernel), then the first later one strictly greater than all before it: the first of
+    // the largest non-NaN elements where that is greater; a NaN first element stays.
+    let inside = ops::greater_equal(&places, &ops::scalar(0.0, Dtype::I64, s)?, s)?;
+    let first = ops::argmax_axis(&inside, -1, true, s)?;
+    let first_value = ops::take_along_axis(&raw, &first, -1, s)?;
+    let neg_inf = ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?;
+    let skipped =
+        ops::where_(&ops::logical_and(&inside, &ops::logical_not(&ops::isnan(&raw, s)?, s)?, s)?, &raw, &neg_inf, s)?;
+    let top = ops::max_axes(&skipped, &[-1], true, s)?;
+    let later = ops::argmax_axis(&skipped, -1, true, s)?;
+    let replaced = ops::greater(&top, &first_value, s)?;
+    let tap = ops::where_(&replaced, &later, &first, s)?;
+    let place = ops::take_along_axis(&places, &tap, -1, s)?;
+    let value = ops::where_(&replaced, &top, &first_value, s)?;
     let x_step: i64 = spatial.iter().product();
     let mut cshape = vec![shape[0], shape[1]];
     cshape.resize(2 + k + 1, 1);
     let channel = ops::arange(0.0, (shape[0] * shape[1]) as f64, 1.0, Dtype::I64, s)?;
     let offset = ops::multiply(&ops::reshape(&channel, &cshape, s)?, &ops::scalar(x_step as f64, Dtype::I64, s)?, s)?;
     let index = ops::reshape(&ops::add(&place, &offset, s)?, &out, s)?;
-    let value = ops::reshape(&ops::maximum(&top, &lowest, s)?, &out, s)?;
-    Ok(vec![value, index])
+    Ok(vec![ops::reshape(&value, &out, s)?, index])
 }
 
 /// `x` (NCHW-ordered: `[N, C, *spatial]`) pooled as `node`'s attributes say.
