@@ -28,10 +28,8 @@ fn claim_attention(node: &NodeInfo) -> std::result::Result<(), Decline> {
         return Err(Decline::new("3-D inputs need q_num_heads and kv_num_heads"));
     }
     let mode = node.attr_int("qk_matmul_output_mode", 0)?;
-    if node.output(3).is_some() && mode != 0 {
-        // ORT's CPU EP (the reference we are checked against) returns the scaled QK for the
-        // other modes too, unlike the ONNX definition: the node is left to it.
-        return Err(Decline(format!("qk_matmul_output_mode={mode} with the QK output is left to the CPU EP")));
+    if node.output(3).is_some() && !(0..=3).contains(&mode) {
+        return Err(Decline(format!("qk_matmul_output_mode={mode} is not 0 to 3")));
     }
     Ok(())
 }
@@ -194,6 +192,7 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
     } else {
         scores.clone()
     };
+    let capped_scores = capped.clone();
     let with_term = match &term {
         Some(t) => ops::add(&capped, t, s)?,
         None => capped,
@@ -215,7 +214,24 @@ fn lower_attention(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
     let cast = |a: &Array| -> Result<Array> { Ok(ops::astype(a, dtype, s)?) };
     let mut outs = vec![cast(&y)?, cast(&present_k)?, cast(&present_v)?];
     if node.outputs.len() > 3 {
-        outs.push(cast(&scores)?);
+        // The QK output as ONNX's function body for Attention takes it (its node tests check
+        // it): 0 the scaled scores, 1 after the softcap, 2 after the mask term (a hidden key
+        // -inf there), 3 the probabilities. (ORT's CPU EP returns the scaled scores for every
+        // mode.)
+        let qk = match node.attr_int("qk_matmul_output_mode", 0)? {
+            1 => capped_scores,
+            2 => match (&hidden, &bias) {
+                (Some(h), b) => {
+                    let term = ops::where_(h, &neg_inf, b.as_ref().unwrap_or(&zero), s)?;
+                    ops::add(&capped_scores, &term, s)?
+                }
+                (None, Some(b)) => ops::add(&capped_scores, b, s)?,
+                (None, None) => capped_scores,
+            },
+            3 => probs.clone(),
+            _ => scores,
+        };
+        outs.push(cast(&qk)?);
     }
     outs.truncate(node.outputs.len().max(1));
     Ok(outs)

@@ -75,7 +75,14 @@ pub fn excuse(v: Verdict, op: &str, mutation: &str, attributes: &[(String, confo
     // Different values only.
     if v.class == Class::Wrong && v.reason.contains(" vs CPU ") {
         let given = |name: &str, value: &str| {
-            attributes.iter().any(|(n, a)| n == name && matches!(a, conformance_spec::Attr::Str(s) if s == value))
+            attributes.iter().any(|(n, a)| {
+                n == name
+                    && match a {
+                        conformance_spec::Attr::Str(s) => s == value,
+                        conformance_spec::Attr::Int(i) => i.to_string() == value,
+                        _ => false,
+                    }
+            })
         };
         if let Some((.., why)) = ONNX_OVER_CPU.iter().find(|(o, name, value, _)| *o == op && given(name, value)) {
             return Verdict::new(Class::Lenient, format!("{why}; MLX: {}", v.reason));
