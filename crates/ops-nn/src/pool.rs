@@ -145,10 +145,12 @@ fn max_pool_with_indices(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Vec<A
     };
     let raw = flat(&windows(x, &w, f64::NEG_INFINITY, s)?, &shape[..2])?;
     let places = ops::broadcast_to(&flat(&windows(&map, &w, -1.0, s)?, &[1, 1])?, &raw.shape(), s)?;
-    // The window's first element inside the input (every window has one: pads stay below the
-    // kernel), then the first later one strictly greater than all before it: the first of
-    // the largest non-NaN elements where that is greater; a NaN first element stays.
+    // The window's first element inside the input, then the first later one strictly
+    // greater than all before it: the first of the largest non-NaN elements where that is
+    // greater; a NaN first element stays. (A dilated window may hold no element of the
+    // input: float32's lowest value there, at position -1 on every axis, as ORT answers.)
     let inside = ops::greater_equal(&places, &ops::scalar(0.0, Dtype::I64, s)?, s)?;
+    let any_inside = ops::any_axes(&inside, &[-1], true, s)?;
     let first = ops::argmax_axis(&inside, -1, true, s)?;
     let first_value = ops::take_along_axis(&raw, &first, -1, s)?;
     let neg_inf = ops::scalar(f64::NEG_INFINITY, Dtype::F32, s)?;
@@ -158,8 +160,10 @@ fn max_pool_with_indices(x: &Array, node: &NodeInfo, s: &Stream) -> Result<Vec<A
     let later = ops::argmax_axis(&skipped, -1, true, s)?;
     let replaced = ops::greater(&top, &first_value, s)?;
     let tap = ops::where_(&replaced, &later, &first, s)?;
-    let place = ops::take_along_axis(&places, &tap, -1, s)?;
-    let value = ops::where_(&replaced, &top, &first_value, s)?;
+    let none = ops::scalar(-strides.iter().sum::<i64>() as f64, Dtype::I64, s)?;
+    let place = ops::where_(&any_inside, &ops::take_along_axis(&places, &tap, -1, s)?, &none, s)?;
+    let lowest = ops::scalar(f64::from(f32::MIN), Dtype::F32, s)?;
+    let value = ops::where_(&any_inside, &ops::where_(&replaced, &top, &first_value, s)?, &lowest, s)?;
     let x_step: i64 = spatial.iter().product();
     let mut cshape = vec![shape[0], shape[1]];
     cshape.resize(2 + k + 1, 1);

@@ -249,7 +249,7 @@ pub(crate) fn apply(x: &Array, axis: usize, plan: &AxisPlan, extrapolation: f64,
 /// The axes ORT's CPU EP interpolates in linear and cubic modes, which it supports only over
 /// these layouts: linear 2-D and 3-D inputs, 4-D ones scaled on the inner two axes (NCHW) or
 /// the middle two (NHWC), 5-D ones on the inner three; cubic 2-D inputs and 4-D NCHW ones.
-fn interpolated_axes(mode: &str, scale: &[f64]) -> Result<Vec<usize>> {
+fn interpolated_axes(mode: &str, scale: &[f64], antialias: bool) -> Result<Vec<usize>> {
     let one = |a: usize| scale[a] == 1.0;
     let r = scale.len();
     let axes = match (mode, r) {
@@ -257,6 +257,8 @@ fn interpolated_axes(mode: &str, scale: &[f64]) -> Result<Vec<usize>> {
         ("linear", 2 | 3) | ("cubic", 2) => Some((0..r).collect()),
         ("linear" | "cubic", 4) if one(0) && one(1) => Some(vec![2, 3]),
         ("linear", 4) if one(0) && one(3) => Some(vec![1, 2]),
+        // (Antialiased, ORT takes channels-last cubic too.)
+        ("cubic", 4) if antialias && one(0) && one(3) => Some(vec![1, 2]),
         ("linear", 5) if one(0) && one(1) => Some(vec![2, 3, 4]),
         _ => None,
     };
@@ -360,7 +362,8 @@ fn resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo, modes: Modes<'_>) -> Result<V
     let mode = string_attr(node, "mode", "nearest");
     let mode = if upsample && mode == "bilinear" { "linear" } else { mode };
     // (The layouts ORT's CPU EP refuses are refused first, whatever the output's shape.)
-    let interpolated = interpolated_axes(mode, &scale)?;
+    let antialias = !upsample && mode != "nearest" && node.attr_int("antialias", 0)? != 0;
+    let interpolated = interpolated_axes(mode, &scale, antialias)?;
     // An output of the input's shape is the input as it is, whatever the scales, mode and
     // region, as ORT's CPU EP answers it (floor(3 * 1.25) is 3: no interpolation; nor is an
     // infinity weighed by 0 into NaN at scale 1).
@@ -368,7 +371,6 @@ fn resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo, modes: Modes<'_>) -> Result<V
         return Ok(vec![x.clone()]);
     }
     let extrapolation = node.attr_float("extrapolation_value", 0.0)? as f64;
-    let antialias = !upsample && mode != "nearest" && node.attr_int("antialias", 0)? != 0;
     let mut y = x.clone();
     for (j, &a) in axes.iter().enumerate() {
         if antialias {

@@ -12,7 +12,9 @@
 //! not as a failure.
 
 use super::child::{ChildResult, EpResult, RESULT_MARK, STAGE_MARK};
-pub use super::known::{CPU_ANSWER_WRONG, CPU_LENIENT, ONNX_OVER_CPU, ONNX_WHERE_CPU_REFUSES};
+pub use super::known::{
+    CPU_ANSWER_WRONG, CPU_ANSWER_WRONG_WHERE, CPU_LENIENT, ONNX_OVER_CPU, ONNX_OVER_CPU_OUTPUT, ONNX_WHERE_CPU_REFUSES,
+};
 use mlx_ep_host::MLX_EP;
 use serde::Serialize;
 
@@ -87,6 +89,13 @@ pub fn excuse(v: Verdict, op: &str, mutation: &str, attributes: &[(String, confo
         if let Some((.., why)) = ONNX_OVER_CPU.iter().find(|(o, name, value, _)| *o == op && given(name, value)) {
             return Verdict::new(Class::Lenient, format!("{why}; MLX: {}", v.reason));
         }
+        let in_output = |out: &str| v.reason.contains(&format!("output '{out}'"));
+        if let Some((.., why)) = ONNX_OVER_CPU_OUTPUT
+            .iter()
+            .find(|(o, name, value, out, _)| *o == op && given(name, value) && in_output(out))
+        {
+            return Verdict::new(Class::Lenient, format!("{why}; MLX: {}", v.reason));
+        }
     }
     if v.class == Class::Wrong
         && v.reason.contains("where the CPU EP raised")
@@ -97,7 +106,13 @@ pub fn excuse(v: Verdict, op: &str, mutation: &str, attributes: &[(String, confo
     // A different answer (never one where the CPU EP raised) the CPU EP is known to get wrong.
     if v.class == Class::Wrong
         && !v.reason.contains("the CPU EP raised")
-        && let Some((.., why)) = CPU_ANSWER_WRONG.iter().find(|(o, m, _)| *o == op && *m == mutation)
+        && let Some(why) =
+            CPU_ANSWER_WRONG.iter().find(|(o, m, _)| *o == op && *m == mutation).map(|e| e.2).or_else(|| {
+                CPU_ANSWER_WRONG_WHERE
+                    .iter()
+                    .find(|(o, m, text, _)| *o == op && *m == mutation && v.reason.contains(text))
+                    .map(|e| e.3)
+            })
     {
         return Verdict::new(Class::Lenient, format!("{why}; MLX: {}", v.reason));
     }
