@@ -56,6 +56,7 @@ pub fn run(args: &[String]) -> Result {
         ("SkipLayerNormalization", "60"),
         ("LayerNormalization", "60"),
         ("DequantizeLinear", "100"),
+        ("MoE", "60"),
     ] {
         step(&format!("{op} in the GPU's forms (ONNXRUNTIME_EP_MLX_TEST_GPU_FORMS=1)"));
         util::run(

@@ -266,7 +266,17 @@ fn activate(h: &Array, act: Act, s: &Stream) -> Result<Array> {
 /// expert's matrix of `wt` (float32 `[E, in, out]`), plus its bias: `[T, k, 1, out]` in `x`'s
 /// type. (The product is taken in float32, which MLX's gathered matmul requires, and rounded.)
 fn expert_product(x: &Array, wt: &Array, bias: Option<&Array>, experts: &Array, s: &Stream) -> Result<Array> {
-    let y = ops::astype(&ops::gather_mm(&f32_of(x, s)?, wt, None, Some(experts), s)?, x.dtype(), s)?;
+    let (inner, outer) = (wt.shape()[1], wt.shape()[2]);
+    // MLX 0.32.2's CUDA gathered matmul faults on matrices whose sides are not multiples of its
+    // tile (an H100 run: `misaligned address`, a CUDA error that poisons the process): there
+    // each token's expert matrices are gathered and multiplied as a batch instead.
+    let aligned = inner % 32 == 0 && outer % 32 == 0;
+    let product = if ep_core::mlx::gpu_forms() && !aligned {
+        ops::matmul(&f32_of(x, s)?, &ops::take(wt, experts, 0, s)?, s)?
+    } else {
+        ops::gather_mm(&f32_of(x, s)?, wt, None, Some(experts), s)?
+    };
+    let y = ops::astype(&product, x.dtype(), s)?;
     Ok(match bias {
         Some(b) => {
             let picked = ops::take(b, experts, 0, s)?;
