@@ -19,6 +19,7 @@
 //! `total_sequence_length` (the present length) is read on the host, which in genai's graphs
 //! is a shape and so costs nothing.
 
+use crate::heads::{int, iota};
 use crate::{heads, key_mask, rotary};
 use ep_core::lowering::{FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -90,17 +91,6 @@ struct Geometry {
     seq: i64,
     kv_heads: i64,
     head: i64,
-}
-
-/// `[1, .., n, ..]` integers `0..n` along `axis` of a rank-4 shape.
-fn iota(n: i64, axis: usize, s: &Stream) -> Result<Array> {
-    let mut shape = [1i64; 4];
-    shape[axis] = n;
-    Ok(ops::reshape(&ops::arange(0.0, n as f64, 1.0, Dtype::I32, s)?, &shape, s)?)
-}
-
-fn int(v: i64, s: &Stream) -> Result<Array> {
-    Ok(ops::scalar(v as f64, Dtype::I32, s)?)
 }
 
 /// Present K or V: past rows below `past_b` kept, `new` (`[B, kv_heads, S, H]`) at rows

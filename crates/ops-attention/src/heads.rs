@@ -2,7 +2,7 @@
 //! 3-D form) and `[B, heads, S, H]` (what attention computes over), and the parts cut out of
 //! them.
 
-use ep_core::mlx::{Array, Stream, ops};
+use ep_core::mlx::{Array, Dtype, Stream, ops};
 use ep_core::{Result, bail};
 
 /// `[B, S, heads * H]` to `[B, heads, S, H]`.
@@ -79,4 +79,17 @@ pub(crate) fn parts(x: &Array, lens: &[i64], axis: usize, shapeless: bool, s: &S
         bounds.push(at);
     }
     Ok(ops::split_at(x, &bounds, axis as i32, s)?)
+}
+
+/// `[1, .., n, ..]` int32 positions `0..n` along `axis` of a rank-4 shape (rows of a KV cache,
+/// query tokens, keys).
+pub(crate) fn iota(n: i64, axis: usize, s: &Stream) -> Result<Array> {
+    let mut shape = [1i64; 4];
+    shape[axis] = n;
+    Ok(ops::reshape(&ops::arange(0.0, n as f64, 1.0, Dtype::I32, s)?, &shape, s)?)
+}
+
+/// An int32 scalar, to compare or offset such positions.
+pub(crate) fn int(v: i64, s: &Stream) -> Result<Array> {
+    Ok(ops::scalar(v as f64, Dtype::I32, s)?)
 }

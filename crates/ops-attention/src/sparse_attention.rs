@@ -16,6 +16,7 @@
 //! blocks, or a layout with every block of the lower triangle, is dense. Scores are computed
 //! in float32.
 
+use crate::heads::{int, iota};
 use crate::{heads, rotary};
 use ep_core::lowering::{FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, Stream, ops};
@@ -63,17 +64,6 @@ fn claim(node: &NodeInfo) -> std::result::Result<(), Decline> {
         return Err(Decline::new("query must be 3-D [batch, sequence, hidden]"));
     }
     Ok(())
-}
-
-/// `[1, .., n, ..]` integers `0..n` along `axis` of a rank-4 shape.
-fn iota(n: i64, axis: usize, s: &Stream) -> Result<Array> {
-    let mut shape = [1i64; 4];
-    shape[axis] = n;
-    Ok(ops::reshape(&ops::arange(0.0, n as f64, 1.0, Dtype::I32, s)?, &shape, s)?)
-}
-
-fn int(v: i64, s: &Stream) -> Result<Array> {
-    Ok(ops::scalar(v as f64, Dtype::I32, s)?)
 }
 
 /// The shapes ORT's CPU kernel checks, with its reasons; returns `(layouts, blocks per row)`.
@@ -142,7 +132,9 @@ fn block_table(ctx: &LowerCtx<'_>, layouts: i64, blocks: i64, s: &Stream) -> Res
     let rows = ops::astype(ctx.input(5)?, Dtype::I32, s)?;
     let cols = ops::astype(ctx.input(6)?, Dtype::I32, s)?;
     let nnz = cols.shape()[1];
-    let ends = ops::reshape(&ops::slice(&rows, &[0, 1], &[layouts, blocks + 1], s)?, &[layouts, 1, blocks], s)?;
+    // Where each row's entries end (`[L, R]`), and where they start.
+    let row_ends = ops::slice(&rows, &[0, 1], &[layouts, blocks + 1], s)?;
+    let ends = ops::reshape(&row_ends, &[layouts, 1, blocks], s)?;
     let starts = ops::slice(&rows, &[0, 0], &[layouts, blocks], s)?;
     let slots = ops::reshape(&ops::arange(0.0, nnz as f64, 1.0, Dtype::I32, s)?, &[1, nnz, 1], s)?;
     // Row of each entry: how many rows end at or before it.
@@ -163,12 +155,11 @@ fn block_table(ctx: &LowerCtx<'_>, layouts: i64, blocks: i64, s: &Stream) -> Res
         &ops::scalar(0.0, Dtype::F32, s)?,
         s,
     )?;
-    let per_row = ops::subtract(&ops::slice(&rows, &[0, 1], &[layouts, blocks + 1], s)?, &starts, s)?;
-    let full_row = ops::equal(&per_row, &ops::add(&ops::reshape(&range, &[1, blocks], s)?, &int(1, s)?, s)?, s)?;
-    let lower = blocks * (blocks + 1) / 2;
-    let total = ops::slice(&rows, &[0, blocks], &[layouts, blocks + 1], s)?;
-    let full_layout = ops::greater_equal(&total, &int(lower, s)?, s)?;
-    let dense = ops::reshape(&ops::logical_or(&full_row, &full_layout, s)?, &[layouts, blocks, 1], s)?;
+    let per_row = ops::reshape(&ops::subtract(&row_ends, &starts, s)?, &[layouts, blocks, 1], s)?;
+    let full_row = ops::equal(&per_row, &ops::add(&ops::reshape(&range, &[1, blocks, 1], s)?, &int(1, s)?, s)?, s)?;
+    // (`end`, `[L, 1, 1]`: the layout's entry count.)
+    let full_layout = ops::greater_equal(&end, &int(blocks * (blocks + 1) / 2, s)?, s)?;
+    let dense = ops::logical_or(&full_row, &full_layout, s)?;
     Ok(ops::logical_or(&listed, &dense, s)?)
 }
 

@@ -373,29 +373,26 @@ fn resize(ctx: &mut LowerCtx<'_>, node: &NodeInfo, modes: Modes<'_>) -> Result<V
     let extrapolation = node.attr_float("extrapolation_value", 0.0)? as f64;
     let mut y = x.clone();
     for (j, &a) in axes.iter().enumerate() {
-        if antialias {
-            // ORT's filter over every interpolated axis whose size changes.
-            if out[a] == shape[a] || !interpolated.contains(&a) {
-                continue;
-            }
-            let roi_a = match &roi {
-                Some(v) if v.len() == 2 * k => (v[j], v[j + k]),
-                _ => (0.0, 1.0),
-            };
-            let plan = crate::antialias::plan(node, modes.ctm, mode, shape[a], out[a], scale[a], roi_a)?;
-            y = apply(&y, a, &plan, extrapolation, s)?;
-            continue;
-        }
-        // (An axis ORT's CPU EP interpolates is planned even at scale 1: its zero weights
-        // make an infinite neighbour NaN there too.)
-        if out[a] == shape[a] && scale[a] == 1.0 && !interpolated.contains(&a) {
+        // ORT's antialiasing filter runs over every interpolated axis whose size changes; its
+        // plain interpolation plans an interpolated axis even at scale 1 (its zero weights make
+        // an infinite neighbour NaN there too).
+        let skip = if antialias {
+            out[a] == shape[a] || !interpolated.contains(&a)
+        } else {
+            out[a] == shape[a] && scale[a] == 1.0 && !interpolated.contains(&a)
+        };
+        if skip {
             continue;
         }
         let roi_a = match &roi {
             Some(v) if v.len() == 2 * k => (v[j], v[j + k]),
             _ => (0.0, 1.0),
         };
-        let plan = plan_axis(node, modes, mode, shape[a], out[a], scale[a], roi_a)?;
+        let plan = if antialias {
+            crate::antialias::plan(node, modes.ctm, mode, shape[a], out[a], scale[a], roi_a)?
+        } else {
+            plan_axis(node, modes, mode, shape[a], out[a], scale[a], roi_a)?
+        };
         y = apply(&y, a, &plan, extrapolation, s)?;
     }
     Ok(vec![y])
