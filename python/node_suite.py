@@ -82,6 +82,35 @@ FAILING_WHY = {
 FAILING_WHY["test_dft_inverse_opset19"] = FAILING_WHY["test_dft_inverse"]
 
 
+def dropout_matches(inputs, got, want):
+    """Dropout in training mode (the `test_training_dropout*` tests): the mask is a draw, so the
+    output is checked to be the kept inputs times 1 / (1 - ratio) and 0 elsewhere, the mask (or,
+    without one, the nonzero outputs) to keep about 1 - ratio of the elements (within five
+    standard errors; all of them at ratio 0)."""
+    x, ratio = np.asarray(inputs[0]), float(np.asarray(inputs[1]))
+    if len(got) != len(want):
+        return False
+    y = np.asarray(got[0])
+    if y.shape != x.shape or y.dtype != np.asarray(want[0]).dtype:
+        return False
+    if len(got) > 1:
+        kept = np.asarray(got[1])
+        if kept.shape != x.shape or kept.dtype != np.bool_:
+            return False
+    else:
+        kept = y != 0
+    if not np.allclose(y, np.where(kept, x / (1.0 - ratio), 0), rtol=1e-6, atol=0):
+        return False
+    n, p = x.size, 1.0 - ratio
+    return abs(int(kept.sum()) - n * p) <= 5 * np.sqrt(n * p * (1 - p))
+
+
+def case_matches(case, inputs, got, expected, random):
+    if case.name.startswith("test_training_dropout"):
+        return dropout_matches(inputs, got, [feed_value(w) for w in expected])
+    return outputs_match(got, expected, case.rtol, case.atol, random)
+
+
 def sample_matches(g, w):
     g, w = np.asarray(g), np.asarray(w)
     if g.shape != w.shape or g.dtype != w.dtype:
@@ -200,7 +229,7 @@ def run_case(case, out_dir, op_of):
         if cpu is None:
             raise RuntimeError(cpu_error)
         record["cpu"] = "pass" if all(
-            outputs_match(run_session(cpu, inputs, expected), expected, case.rtol, case.atol, random)
+            case_matches(case, inputs, run_session(cpu, inputs, expected), expected, random)
             for inputs, expected in case.data_sets
         ) else "fail"
     except Exception:
@@ -222,7 +251,7 @@ def run_case(case, out_dir, op_of):
         passed = True
         for inputs, expected in case.data_sets:
             got = run_session(s, inputs, expected)
-            passed &= outputs_match(got, expected, case.rtol, case.atol, random)
+            passed &= case_matches(case, inputs, got, expected, random)
         record["result"] = "pass" if passed else "fail"
     except Exception as e:
         record.setdefault("claimed", "none")

@@ -85,6 +85,7 @@ pub fn run(args: &[String]) -> Result {
         ("Soak and churn: 10,000 runs, 100 session cycles, 50 shapes; memory flat", "check_soak.py"),
         ("Dynamically quantized T5/BERT models against the CPU EP", "check_quantized_models.py"),
         ("QDQ weights (8 and 4 bits) multiplied as MLX's quantized matmul", "check_qdq_weights.py"),
+        ("float4e2m1 Q/DQ (no ORT CPU kernel) against the onnx reference evaluator", "check_float4_qdq.py"),
         (
             "Control flow: Scan, a VAD-shaped and an audio front-end model as one MLX partition each",
             "check_control_flow.py",

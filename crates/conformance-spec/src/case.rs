@@ -194,6 +194,11 @@ pub struct Case {
     /// distribution.
     #[serde(default, skip_serializing_if = "Compare::is_values")]
     pub compare: Compare,
+    /// In a [`Compare::Distribution`] case, the outputs compared value by value all the same:
+    /// identities every draw must satisfy (Dropout's output is its kept inputs, scaled), which
+    /// the graph computes from the drawn outputs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exact: Vec<String>,
 }
 
 /// How a case's outputs are compared with the CPU EP's.
@@ -248,11 +253,14 @@ impl Case {
             symbolic: None,
             reference: Vec::new(),
             compare: Compare::Values,
+            exact: Vec::new(),
         }
     }
 
+    /// The node under test (nodes appended with [`Case::then`] follow it), else the last.
     fn node_mut(&mut self) -> &mut NodeSpec {
-        self.nodes.last_mut().expect("a case has a node")
+        let at = self.nodes.iter().position(|n| n.name == UNDER_TEST).unwrap_or(self.nodes.len().saturating_sub(1));
+        self.nodes.get_mut(at).expect("a case has a node")
     }
 
     /// A runtime input of the node with default values for its type.
@@ -351,6 +359,29 @@ impl Case {
     /// Compares the outputs as samples of a distribution (see [`Compare::Distribution`]).
     pub fn distribution(mut self) -> Case {
         self.compare = Compare::Distribution;
+        self
+    }
+
+    /// Appends a node after the node under test (it must run on the MLX EP too), computing
+    /// `outputs` from `inputs` (graph values by name).
+    pub fn then(mut self, op: &str, inputs: &[&str], outputs: &[&str], attributes: Vec<(&str, Attr)>) -> Case {
+        let name = format!("{UNDER_TEST}_then_{}_{op}", self.nodes.len());
+        self.nodes.push(NodeSpec {
+            domain: String::new(),
+            op: op.to_owned(),
+            name,
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            outputs: outputs.iter().map(|s| s.to_string()).collect(),
+            attributes: attributes.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        });
+        self
+    }
+
+    /// A graph output compared value by value in a [`Compare::Distribution`] case (see
+    /// [`Case::exact`]).
+    pub fn exact_output(mut self, name: &str, dtype: DType, shape: &[i64]) -> Case {
+        self.exact.push(name.to_owned());
+        self.outputs.push((name.to_owned(), dtype, shape.to_vec()));
         self
     }
 

@@ -109,6 +109,9 @@ impl ElemType {
     pub const INT4: ElemType = ElemType::Other(22);
     pub const UINT2: ElemType = ElemType::Other(24);
     pub const INT2: ElemType = ElemType::Other(25);
+    /// float4e2m1 (23, opset 23): packed two per byte as uint4 is, and held unpacked as its
+    /// 4-bit codes, one per byte in uint8 ([`crate::float4`]).
+    pub const FLOAT4E2M1: ElemType = ElemType::Other(23);
 
     /// The MLX type the EP holds a value of this type in: the type itself ([`Self::to_mlx`]),
     /// the sub-byte integers unpacked ([`Self::unpacked_sub_byte`]), or the float8 types'
@@ -119,11 +122,11 @@ impl ElemType {
             .or_else(|| crate::float8::Float8::of(self).map(|_| Dtype::U8))
     }
 
-    /// The width in bits of a packed sub-byte integer type (int4, uint4, int2, uint2) and
-    /// whether it is signed.
+    /// The width in bits of a packed sub-byte type (int4, uint4, int2, uint2, and float4e2m1's
+    /// codes) and whether it is a signed integer.
     pub fn sub_byte_bits(self) -> Option<(u32, bool)> {
         match self {
-            ElemType::UINT4 => Some((4, false)),
+            ElemType::UINT4 | ElemType::FLOAT4E2M1 => Some((4, false)),
             ElemType::INT4 => Some((4, true)),
             ElemType::UINT2 => Some((2, false)),
             ElemType::INT2 => Some((2, true)),
@@ -131,7 +134,7 @@ impl ElemType {
         }
     }
 
-    /// The MLX type a packed sub-byte integer type is unpacked to.
+    /// The MLX type a packed sub-byte type is unpacked to.
     pub fn unpacked_sub_byte(self) -> Option<Dtype> {
         self.sub_byte_bits().map(|(_, signed)| if signed { Dtype::I8 } else { Dtype::U8 })
     }

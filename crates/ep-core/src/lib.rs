@@ -16,6 +16,7 @@ pub mod activation;
 mod claims;
 pub mod error;
 pub mod exec;
+pub mod float4;
 pub mod float8;
 pub mod graph;
 pub mod growth;

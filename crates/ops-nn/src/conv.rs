@@ -99,6 +99,16 @@ fn nonfinite_weights(
 }
 
 /// `[0, 2, 3, ..., 1]`: channels-first to channels-last.
+/// Whether a grouped convolution runs as one MLX convolution with `groups`, as it does on a
+/// GPU (cuDNN takes the groups itself). On the CPU each group is convolved apart: MLX 0.32.2's
+/// grouped CPU convolution wrote past its output for kernels wider than a padded input. On
+/// CUDA, per-group weights would be views at offsets into one buffer, and cuDNN refused a
+/// float16 one as misaligned (`CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER`, grouped
+/// ConvTranspose on an H100).
+fn native_groups() -> bool {
+    ep_core::mlx::default_device_is_gpu()
+}
+
 fn to_channels_last(r: usize) -> Vec<i32> {
     std::iter::once(0).chain(2..r as i32).chain(std::iter::once(1)).collect()
 }
@@ -170,10 +180,12 @@ fn convolve(
     let weight = weight_last()?;
     let input = ops::transpose_axes(x, &perm, s)?;
     let ones = vec![1; r - 2];
-    let conv = |x: &Array, k: &Array| {
-        ops::conv_general(x, k, &win.strides, &win.pad_lo, &win.pad_hi, &win.dilations, &ones, 1, false, s)
+    let conv = |x: &Array, k: &Array, groups: i64| {
+        ops::conv_general(x, k, &win.strides, &win.pad_lo, &win.pad_hi, &win.dilations, &ones, groups, false, s)
     };
-    let y = if groups > 1 {
+    let y = if groups > 1 && native_groups() {
+        conv(&input, &weight, groups)?
+    } else if groups > 1 {
         // One convolution per group, concatenated along the channels (MLX 0.32.2's grouped CPU
         // convolution is not used: see above).
         let cut = |a: &Array, per: i64, axis: i32| -> Result<Vec<Array>> {
@@ -182,10 +194,10 @@ fn convolve(
         };
         let parts = cut(&input, cpg, r as i32 - 1)?;
         let kernels = cut(&weight, mpg, 0)?;
-        let ys = parts.iter().zip(&kernels).map(|(x, k)| conv(x, k)).collect::<std::result::Result<Vec<_>, _>>()?;
+        let ys = parts.iter().zip(&kernels).map(|(x, k)| conv(x, k, 1)).collect::<std::result::Result<Vec<_>, _>>()?;
         ops::concatenate(&ys, r as i32 - 1, s)?
     } else {
-        conv(&input, &weight)?
+        conv(&input, &weight, 1)?
     };
     finish(&y, r, bias, s)
 }
@@ -393,19 +405,22 @@ fn transpose_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo, pads: Option<Vec<i64>
     let pad_lo: Vec<i64> = (0..k).map(|i| (kernel[i] - 1) * dilations[i]).collect();
     let pad_hi: Vec<i64> = (0..k).map(|i| (kernel[i] - 1) * dilations[i] + out_pad[i]).collect();
     let ones = vec![1; k];
-    let deconv =
-        |x: &Array, w: &Array| ops::conv_general(x, w, &ones, &pad_lo, &pad_hi, &dilations, &strides, 1, true, s);
+    let deconv = |x: &Array, w: &Array, groups: i64| {
+        ops::conv_general(x, w, &ones, &pad_lo, &pad_hi, &dilations, &strides, groups, true, s)
+    };
     let conv = |input: &Array, weight: &Array| -> Result<Array> {
-        Ok(if groups > 1 {
+        Ok(if groups > 1 && native_groups() {
+            deconv(input, weight, groups)?
+        } else if groups > 1 {
             // Per group (MLX 0.32.2's grouped CPU convolution is not used).
             let (cg, mg) = (xs[1] / groups, ws[1]);
             let xparts = ops::split_at(input, &(1..groups).map(|i| i * cg).collect::<Vec<_>>(), r as i32 - 1, s)?;
             let wparts = ops::split_at(weight, &(1..groups).map(|i| i * mg).collect::<Vec<_>>(), 0, s)?;
             let ys =
-                xparts.iter().zip(&wparts).map(|(x, w)| deconv(x, w)).collect::<std::result::Result<Vec<_>, _>>()?;
+                xparts.iter().zip(&wparts).map(|(x, w)| deconv(x, w, 1)).collect::<std::result::Result<Vec<_>, _>>()?;
             ops::concatenate(&ys, r as i32 - 1, s)?
         } else {
-            deconv(input, weight)?
+            deconv(input, weight, 1)?
         })
     };
     // MLX convolves over the zeros it inserts between and around the inputs, where ORT's CPU EP

@@ -1,17 +1,19 @@
-//! Dropout at inference: the output is the input, the optional mask all true. A node in
-//! training mode (opset 12's `training_mode` input true, or opset 6's `is_test` = 0) is an error.
+//! Dropout. At inference (the default) the output is the input and the optional mask all true.
+//! In training mode (opset 12's `training_mode` input true) each element is kept
+//! where a uniform draw in [0, 1) is at least the ratio, and scaled by 1 / (1 - ratio), as
+//! ORT's CPU kernel draws it; the mask says which were kept. Like the random generators, a
+//! `seed` draws the same mask on every run of the session (ORT's kernel draws on from its
+//! seeded generator run after run), and without one every run draws anew. Drawing in training
+//! mode keeps the partition eager: a compiled trace would replay its mask; so does a
+//! `training_mode` that is data (read on the host every run). Opset 6's `is_test` = 0 is left
+//! to ORT.
 
 use ep_core::lowering::{ALL_TYPES, FnLowering, require_input_type};
-use ep_core::mlx::{Array, Dtype, ops};
+use ep_core::mlx::{Array, Dtype, ops, random};
 use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, NodeInfo, Result, bail};
 
 fn claim_dropout(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_input_type(node, 0, ALL_TYPES)?;
-    if let Some(t) = node.input(2)
-        && !t.is_constant
-    {
-        return Err(Decline::new("training_mode is not a constant: it may turn dropout on"));
-    }
     require_input_type(node, 2, &[ElemType::Bool])?;
     if node.attr_int("is_test", 1)? == 0 {
         return Err(Decline::new("is_test=0 is training mode"));
@@ -20,31 +22,62 @@ fn claim_dropout(node: &NodeInfo) -> std::result::Result<(), Decline> {
     if !(0.0..1.0).contains(&ratio) {
         return Err(Decline(format!("ratio {ratio} is outside [0, 1)")));
     }
+    if node.input(2).is_some() {
+        // Training mode draws in float32 and scales the input: a float type.
+        require_input_type(node, 0, &[ElemType::F32, ElemType::F16, ElemType::BF16])?;
+    }
     Ok(())
 }
 
 fn lower_dropout(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    if let Some(t) = ctx.optional_input(2) {
-        let s = ctx.cpu_stream();
-        if ops::astype(t, Dtype::U8, s)?.to_vec::<u8>(s)?.first() == Some(&1) {
-            bail!("Dropout in training mode is not supported");
+    let training = match ctx.optional_input(2) {
+        Some(_) if ctx.tracing() && !ctx.is_constant(2) => {
+            bail!("Dropout's training_mode is data: read on the host, its partition runs eagerly")
         }
-    }
+        Some(t) => {
+            let s = ctx.cpu_stream();
+            ops::astype(t, Dtype::U8, s)?.to_vec::<u8>(s)?.first() == Some(&1)
+        }
+        None => false,
+    };
     // The ratio input must lie in [0, 1), as ORT's CPU EP checks it (NaN fails).
-    if let Some(r) = ctx.optional_input(1) {
-        let s = ctx.stream();
-        let r = ops::astype(r, Dtype::F32, s)?;
-        let inside = ops::logical_and(
-            &ops::greater_equal(&r, &ops::scalar(0.0, Dtype::F32, s)?, s)?,
-            &ops::less(&r, &ops::scalar(1.0, Dtype::F32, s)?, s)?,
-            s,
-        )?;
-        ctx.check(&inside, "ratio must be in the range [0, 1)")?;
-    }
-    let x = ctx.input(0)?;
-    let mut outs = vec![x.clone()];
+    let s = ctx.stream();
+    let ratio = match ctx.optional_input(1) {
+        Some(r) => {
+            let r = ops::reshape(&ops::astype(r, Dtype::F32, s)?, &[], s)?;
+            let inside = ops::logical_and(
+                &ops::greater_equal(&r, &ops::scalar(0.0, Dtype::F32, s)?, s)?,
+                &ops::less(&r, &ops::scalar(1.0, Dtype::F32, s)?, s)?,
+                s,
+            )?;
+            ctx.check(&inside, "ratio must be in the range [0, 1)")?;
+            r
+        }
+        None => ops::scalar(0.5, Dtype::F32, s)?,
+    };
+    let x = ctx.input(0)?.clone();
+    let (y, kept) = if training {
+        if ctx.tracing() {
+            bail!("Dropout in training mode draws a new mask every run; its partition runs eagerly");
+        }
+        let key = match node.attr("seed") {
+            None => None,
+            Some(_) => Some(random::key(node.attr_int("seed", 0)? as u64)?),
+        };
+        let (zero, one) = (ops::scalar(0.0, Dtype::F32, s)?, ops::scalar(1.0, Dtype::F32, s)?);
+        let draw = random::uniform(&zero, &one, &x.shape(), Dtype::F32, key.as_ref(), s)?;
+        let kept = ops::greater_equal(&draw, &ratio, s)?;
+        let scale = ops::divide(&one, &ops::subtract(&one, &ratio, s)?, s)?;
+        let scaled = ops::astype(&ops::multiply(&ops::astype(&x, Dtype::F32, s)?, &scale, s)?, x.dtype(), s)?;
+        let y = ops::where_(&kept, &scaled, &ops::scalar(0.0, x.dtype(), s)?, s)?;
+        (y, kept)
+    } else {
+        let kept = ops::full(&x.shape(), &ops::scalar(1.0, Dtype::Bool, s)?, Dtype::Bool, s)?;
+        (x, kept)
+    };
+    let mut outs = vec![y];
     if node.outputs.len() > 1 {
-        outs.push(ops::full(&x.shape(), &ops::scalar(1.0, Dtype::Bool, ctx.stream())?, Dtype::Bool, ctx.stream())?);
+        outs.push(kept);
     }
     Ok(outs)
 }
@@ -64,9 +97,9 @@ ep_core::register_lowering!(
 #[cfg(feature = "conformance")]
 mod spec {
     use conformance_spec::strategy::*;
-    use conformance_spec::{Case, DType, Values, register_spec};
+    use conformance_spec::{Attr, Case, DType, Values, register_spec};
 
-    register_spec!(super::DROPOUT, || {
+    fn inference() -> BoxedStrategy<Case> {
         (float_dtype(), shape(0..=3), any::<(bool, bool)>(), opset(13..=22), seed())
             .prop_map(|(t, s, (mask, ratio), v, seed)| {
                 let case = Case::op("Dropout", v).input("x", t, &s);
@@ -85,5 +118,69 @@ mod spec {
                 case.with_seed(seed)
             })
             .boxed()
-    });
+    }
+
+    /// Training mode: the output and mask are draws, compared as samples (the kept share, the
+    /// output's mean and spread); `agree` checks on both EPs, element by element, that the
+    /// output is the kept inputs times 1 / (1 - ratio) (to the type's rounding) and 0 elsewhere.
+    fn training() -> BoxedStrategy<Case> {
+        let ratios = select(&[None, Some(0.0f32), Some(0.1), Some(0.25), Some(0.5), Some(0.75), Some(0.9)][..]);
+        let dims = (collection::vec(1..=6i64, 0..=2), 32..=160i64);
+        let types = select(&[DType::F32, DType::F16][..]);
+        // The mode as a constant (true), or as a runtime input (true or false).
+        let modes = select(&[(false, true), (true, true), (true, false)][..]);
+        (types, dims, ratios, any::<Option<u16>>(), modes, opset(13..=22), seed())
+            .prop_map(|(t, (lead, last), ratio, key, (as_input, on), v, seed)| {
+                let s = [lead, vec![last]].concat();
+                let mut case = Case::op("Dropout", v).input("x", t, &s);
+                case = match ratio {
+                    Some(r) => case.constant("ratio", DType::F32, &[], Values::Data(vec![f64::from(r)])),
+                    None => case.absent(),
+                };
+                let mode = Values::Data(vec![if on { 1.0 } else { 0.0 }]);
+                case = if as_input {
+                    case.input_with("training_mode", DType::Bool, &[], mode)
+                } else {
+                    case.constant("training_mode", DType::Bool, &[], mode)
+                };
+                if let Some(k) = key {
+                    case = case.attr_int("seed", i64::from(k));
+                }
+                let scale = if on { 1.0f32 / (1.0 - ratio.unwrap_or(0.5)) } else { 1.0 };
+                let tol = if t == DType::F32 { 2.5e-7 } else { 2e-3 };
+                let mut case = case.output("y", t, &s).output("mask", DType::Bool, &s);
+                // In float32 the values are read as they are, and a product by 1 is left out:
+                // ORT removes a Cast to a value's own type and such a product, which would
+                // leave those nodes on no EP.
+                let (x, y) = if t == DType::F32 {
+                    ("x", "y")
+                } else {
+                    let to = || vec![("to", Attr::Int(DType::F32.onnx_code()))];
+                    case = case.then("Cast", &["x"], &["check_x"], to()).then("Cast", &["y"], &["check_y"], to());
+                    ("check_x", "check_y")
+                };
+                let scaled = if scale == 1.0 {
+                    x
+                } else {
+                    case = case
+                        .reference_constant("check_scale", DType::F32, &[], Values::Data(vec![f64::from(scale)]))
+                        .then("Mul", &[x, "check_scale"], &["check_scaled"], vec![]);
+                    "check_scaled"
+                };
+                case.reference_constant("check_zero", DType::F32, &[], Values::Data(vec![0.0]))
+                    .reference_constant("check_tol", DType::F32, &[], Values::Data(vec![tol]))
+                    .then("Where", &["mask", scaled, "check_zero"], &["check_want"], vec![])
+                    .then("Sub", &[y, "check_want"], &["check_diff"], vec![])
+                    .then("Abs", &["check_diff"], &["check_dev"], vec![])
+                    .then("Abs", &["check_want"], &["check_mag"], vec![])
+                    .then("Mul", &["check_mag", "check_tol"], &["check_bound"], vec![])
+                    .then("LessOrEqual", &["check_dev", "check_bound"], &["agree"], vec![])
+                    .exact_output("agree", DType::Bool, &s)
+                    .distribution()
+                    .with_seed(seed)
+            })
+            .boxed()
+    }
+
+    register_spec!(super::DROPOUT, || prop_oneof![inference(), training()].boxed());
 }

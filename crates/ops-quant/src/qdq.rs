@@ -1,10 +1,11 @@
 //! The ONNX quantization ops: DequantizeLinear and QuantizeLinear (per tensor, per axis,
-//! blocked, to and from the integer and float8 types; `com.microsoft`'s earlier forms too,
+//! blocked, to and from the integer, float8 and float4 types; `com.microsoft`'s earlier forms too,
 //! integers only) and DynamicQuantizeLinear. (MatMulInteger and QLinearMatMul:
 //! `integer_matmul.rs`.)
 //!
 //! Rounding is half to even, as ORT's kernels do.
 
+use ep_core::float4;
 use ep_core::float8::{self, Float8};
 use ep_core::graph::ElemType;
 use ep_core::lowering::{FnLowering, TakesFloat8, normalize_axis, require_input_type, require_inputs};
@@ -135,10 +136,17 @@ fn float8_zero_point_is_zero(ctx: &LowerCtx<'_>, format: Float8) -> Result<()> {
     Ok(())
 }
 
+/// Whether input or output `v` is float4e2m1.
+fn is_float4(v: Option<&ep_core::ValueInfo>) -> bool {
+    v.and_then(|v| v.elem_type) == Some(ElemType::FLOAT4E2M1)
+}
+
 fn claim_dequantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
     require_inputs(node, 2, 3)?;
     if float8_of(node.input(0)).is_some() {
         claim_float8_zero_point(node)?;
+    } else if is_float4(node.input(0)) {
+        // (Its zero point is not read, as in the `onnx` reference; ORT has no kernel.)
     } else {
         // The sub-byte integers arrive unpacked (one element per byte) from the engine.
         require_input_type(
@@ -180,14 +188,16 @@ fn lower_dequantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array
         .and_then(|v| v.elem_type)
         .and_then(|t| t.to_mlx())
         .ok_or_else(|| Error::new("the output type is unknown"))?;
+    let float4 = is_float4(node.input(0));
     let mut v = match float8_of(node.input(0)) {
         Some(format) => {
             float8_zero_point_is_zero(ctx, format)?;
             float8::decode(x, format, s)?
         }
+        None if float4 => float4::decode(x, s)?,
         None => f32(x, s)?,
     };
-    if let (Some(zp), None) = (ctx.optional_input(2), float8_of(node.input(0))) {
+    if let (Some(zp), None, false) = (ctx.optional_input(2), float8_of(node.input(0)), float4) {
         v = ops::subtract(&v, &broadcast_param(&f32(zp, s)?, &shape, axis, block, s)?, s)?;
     }
     let scale = broadcast_param(&f32(ctx.input(1)?, s)?, &shape, axis, block, s)?;
@@ -287,10 +297,14 @@ fn claim_quantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
         // EP ignores it too.)
         require_input_type(node, 2, &[format.elem_type()])?;
         node.attr_int("saturate", 1)?;
+    } else if out == Some(ElemType::FLOAT4E2M1) {
+        require_input_type(node, 2, &[ElemType::FLOAT4E2M1])?;
     } else {
         require_input_type(node, 2, OUT)?;
         if !out.is_some_and(|t| OUT.contains(&t)) {
-            return Err(Decline::new("the output is not a float8 type or a 2-, 4-, 8- or 16-bit integer type"));
+            return Err(Decline::new(
+                "the output is not a float8 or float4 type or a 2-, 4-, 8- or 16-bit integer type",
+            ));
         }
     }
     layout(node, ep_core::lowering::input_rank(node, 0).unwrap_or(1), declared_scale(node))?;
@@ -310,6 +324,15 @@ fn lower_quantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
         // `x / scale` in float32, rounded to the format (ties to even), saturating or not.
         let saturate = node.attr_int("saturate", 1)? != 0;
         return Ok(vec![float8::encode(&ops::divide(&f32(x, s)?, &scale, s)?, format, saturate, s)?]);
+    }
+    if out == ElemType::FLOAT4E2M1 {
+        // As the `onnx` reference computes it: `x / scale + zero_point` in float32, rounded to
+        // the format (which saturates; `saturate` changes nothing).
+        let mut q = ops::divide(&f32(x, s)?, &scale, s)?;
+        if let Some(z) = ctx.optional_input(2) {
+            q = ops::add(&q, &broadcast_param(&float4::decode(z, s)?, &shape, axis, block, s)?, s)?;
+        }
+        return Ok(vec![float4::encode(&q, s)?]);
     }
     let t = out.to_mlx().or_else(|| out.unpacked_sub_byte()).ok_or_else(|| Error::new("the output type is unknown"))?;
     let zp = match ctx.optional_input(2) {

@@ -86,10 +86,10 @@ pub trait Lowering: Sync + 'static {
         std::any::type_name::<Self>()
     }
 
-    /// Whether the lowering reads or writes ONNX's float8 types, which reach it as their bytes
-    /// in uint8 arrays ([`crate::float8`]). A node with a float8 input or output is claimed
-    /// only by a lowering that says so (wrap it in [`TakesFloat8`]): to any other, those bytes
-    /// would pass for integers.
+    /// Whether the lowering reads or writes ONNX's float8 types and float4e2m1, which reach it
+    /// as their codes in uint8 arrays ([`crate::float8`], [`crate::float4`]). A node with such
+    /// an input or output is claimed only by a lowering that says so (wrap it in
+    /// [`TakesFloat8`]): to any other, those codes would pass for integers.
     fn takes_float8(&self) -> bool {
         false
     }

@@ -177,14 +177,12 @@ fn decide(registry: &registry::Registry, node: &NodeInfo) -> std::result::Result
     }
     let lowering = registry.claim(node).map_err(|d| d.0)?;
     if !lowering.takes_float8()
-        && let Some(v) = node
-            .inputs
-            .iter()
-            .chain(&node.outputs)
-            .flatten()
-            .find(|v| v.elem_type.and_then(crate::float8::Float8::of).is_some())
+        && let Some(v) =
+            node.inputs.iter().chain(&node.outputs).flatten().find(|v| {
+                v.elem_type.is_some_and(|t| crate::float8::Float8::of(t).is_some() || t == ElemType::FLOAT4E2M1)
+            })
     {
-        return Err(format!("'{}' is float8, which this op's lowering does not take", v.name));
+        return Err(format!("'{}' is float8 or float4, which this op's lowering does not take", v.name));
     }
     Ok(())
 }
