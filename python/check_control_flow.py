@@ -482,6 +482,34 @@ def test_if_with_a_data_condition_is_compiled():
     assert eager_runs("Loop x1, Sigmoid x1") > 0 and "100 iterations" in sigmoid, sigmoid
 
 
+def test_random_generators_in_a_branch_draw_every_run():
+    """An If whose branches draw (RandomUniform, RandomNormal): a compiled trace would replay
+    the values it drew, so the partition and the branch run eagerly, and every run draws anew
+    (a `seed` draws the same values every run)."""
+    def branch(op, seed):
+        extra = {} if seed is None else {"seed": seed}
+        node = helper.make_node(op, [], [op.lower()], shape=[64], name=op.lower(), **extra)
+        return helper.make_graph([node], op, [], [vi(op.lower(), F, [64])])
+
+    for seed in (None, 3.0):
+        m = model(
+            [helper.make_node("If", ["c"], ["y"], then_branch=branch("RandomUniform", seed),
+                              else_branch=branch("RandomNormal", seed), name="if"),
+             helper.make_node("Add", ["y", "x"], ["z"], name="add")],
+            [vi("c", TensorProto.BOOL, []), vi("x", F, [64])], [vi("z", F, [64])])
+        s = mlx_session(m)
+        a = assigned(s)
+        assert a and set(a.values()) == {EP}, f"nodes left to other EPs: {a}"
+        x = np.zeros(64, np.float32)
+        for c in (True, False):
+            runs = [s.run(None, {"c": np.array(c), "x": x})[0] for _ in range(3)]
+            same = [np.array_equal(runs[0], r) for r in runs[1:]]
+            assert same == [seed is not None] * 2, (c, seed, runs)
+            if c:
+                assert runs[0].min() >= 0 and runs[0].max() < 1, runs[0]
+    return 0
+
+
 def frontend_model(frame=32, frames=12, mels=10):
     """Speaker-embedding-front-end-shaped: frames of the waveform, a Scan that removes each
     frame's mean and applies a Hann window, a one-sided DFT, power, mel filters, log."""
@@ -604,6 +632,8 @@ def main():
     check("If with a data condition: compiled, both branches selected on the device, a check of the branch "
           "not taken holds; branches of other shapes: eager, with the reason, the branch taken compiled apart; "
           "a Loop's body compiled once; short Loops unrolled", test_if_with_a_data_condition_is_compiled)
+    check("Random generators in an If's branches: every run draws anew (the same values with a seed)",
+          test_random_generators_in_a_branch_draw_every_run)
     failed = sum(1 for _, e in results if e is not None)
     print(f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0

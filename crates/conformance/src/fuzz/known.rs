@@ -452,6 +452,13 @@ pub const ONNX_WHERE_CPU_REFUSES: &[(&str, &str, &str)] = &[
          refuses it",
     ),
     (
+        "Pad",
+        "Unexpected mode of 3",
+        "wrap padding of an input with an empty axis that is not padded: the result is empty, of the \
+         padded shape, as ONNX's reference implementation and the MLX EP answer; ORT 1.31's CPU EP's \
+         path for empty inputs has no case for wrap and fails",
+    ),
+    (
         "Attention",
         "inconsistent total_sequence_length (between attn_mask",
         "a mask shorter than the keys: ONNX's reference implementation pads it with -inf (False), and so \

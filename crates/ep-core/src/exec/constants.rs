@@ -158,6 +158,10 @@ impl Engine for PlanCaches {
         for node in &graph.nodes {
             let at_node = |e: Error| e.at_node(&node.name, &node.qualified_op());
             let lowering = registry.claim(node).map_err(|d| at_node(Error::new(format!("cannot lower: {d}"))))?;
+            if at.tracing && lowering.compile_safety() == crate::lowering::CompileSafety::Never {
+                // (A random generator in a branch would replay the values of its trace.)
+                return Err(at_node(Error::new("this node cannot be compiled; the subgraph runs eagerly")));
+            }
             let mut args = Vec::with_capacity(node.inputs.len());
             for v in &node.inputs {
                 args.push(match v {
