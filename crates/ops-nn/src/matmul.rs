@@ -4,7 +4,7 @@
 
 use ep_core::lowering::{FLOATS, require_input_rank, require_inputs, require_types};
 use ep_core::mlx::{Array, ops};
-use ep_core::{CompileSafety, Decline, LowerCtx, Lowering, NodeInfo, Result, bail};
+use ep_core::{CompileSafety, Decline, ElemType, LowerCtx, Lowering, NodeInfo, Result, bail};
 use std::ops::RangeInclusive;
 
 /// Whether `a @ b`'s batch dimensions broadcast as ORT's CPU EP allows: where every batch
@@ -43,7 +43,8 @@ impl Lowering for MatMul {
 
     fn claim(&self, node: &NodeInfo) -> std::result::Result<(), Decline> {
         require_inputs(node, 2, 2)?;
-        require_types(node, FLOATS)?;
+        // (float64 on MLX's CPU backend; on a GPU the engine leaves float64 nodes to ORT.)
+        require_types(node, &[ElemType::F32, ElemType::F16, ElemType::BF16, ElemType::F64])?;
         // MLX's matmul has NumPy's semantics at every rank: an unknown rank (a dynamic Reshape
         // in front) is fine; a known one must be at least 1.
         for i in 0..2 {
@@ -160,14 +161,15 @@ ep_core::register_lowering!(GEMM = Gemm);
 #[cfg(feature = "conformance")]
 mod spec {
     use conformance_spec::strategy::*;
-    use conformance_spec::{Case, Values, register_spec, strategy::broadcast_shape};
+    use conformance_spec::{Case, DType, Values, register_spec, strategy::broadcast_shape};
 
     const UNIT: Values = Values::Uniform { lo: -1.0, hi: 1.0 };
 
     /// Batched, broadcast and 1-D operands; `k` up to 8.
     fn matmul() -> BoxedStrategy<Case> {
         let dims = (1..=5i64, 1..=8i64, 1..=5i64);
-        (float_dtype(), broadcast_pair(0..=2), dims, 0..4u8, opset(7..=22), seed())
+        let types = prop_oneof![6 => float_dtype(), 1 => Just(DType::F64)];
+        (types, broadcast_pair(0..=2), dims, 0..4u8, opset(7..=22), seed())
             .prop_map(|(t, (ba, bb, _), (m, k, n), vector, v, seed)| {
                 // ORT's CPU MatMul rejects empty batch dims.
                 let ba: Vec<i64> = ba.iter().map(|&d| d.max(1)).collect();
