@@ -166,6 +166,26 @@ pub struct NodeSpec {
     pub attributes: Vec<(String, Attr)>,
 }
 
+impl NodeSpec {
+    fn new(
+        domain: &str,
+        op: &str,
+        name: String,
+        inputs: &[&str],
+        outputs: &[&str],
+        attributes: Vec<(&str, Attr)>,
+    ) -> NodeSpec {
+        NodeSpec {
+            domain: domain.to_owned(),
+            op: op.to_owned(),
+            name,
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            outputs: outputs.iter().map(|s| s.to_string()).collect(),
+            attributes: attributes.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        }
+    }
+}
+
 /// A generated case.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Case {
@@ -339,14 +359,7 @@ impl Case {
         attributes: Vec<(&str, Attr)>,
     ) -> Case {
         let name = format!("reference_{}_{op}", self.reference.len());
-        self.reference.push(NodeSpec {
-            domain: domain.to_owned(),
-            op: op.to_owned(),
-            name,
-            inputs: inputs.iter().map(|s| s.to_string()).collect(),
-            outputs: outputs.iter().map(|s| s.to_string()).collect(),
-            attributes: attributes.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
-        });
+        self.reference.push(NodeSpec::new(domain, op, name, inputs, outputs, attributes));
         self
     }
 
@@ -366,14 +379,7 @@ impl Case {
     /// `outputs` from `inputs` (graph values by name).
     pub fn then(mut self, op: &str, inputs: &[&str], outputs: &[&str], attributes: Vec<(&str, Attr)>) -> Case {
         let name = format!("{UNDER_TEST}_then_{}_{op}", self.nodes.len());
-        self.nodes.push(NodeSpec {
-            domain: String::new(),
-            op: op.to_owned(),
-            name,
-            inputs: inputs.iter().map(|s| s.to_string()).collect(),
-            outputs: outputs.iter().map(|s| s.to_string()).collect(),
-            attributes: attributes.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
-        });
+        self.nodes.push(NodeSpec::new("", op, name, inputs, outputs, attributes));
         self
     }
 
