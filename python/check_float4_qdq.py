@@ -28,9 +28,9 @@ VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4,
 NP = {T.FLOAT: np.float32, T.FLOAT16: np.float16}
 
 
-def model(nodes, inputs, outputs, inits):
+def model(nodes, inputs, outputs, inits, opset=23):
     g = h.make_graph(nodes, "float4", inputs, outputs, inits)
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 23)])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
     m.ir_version = 11
     onnx.checker.check_model(m)
     return m
@@ -59,9 +59,10 @@ def dequantize_matmul(layout, k, n, out_type, rows, seed):
     return m, {"x": x}, 1e-4 if out_type == T.FLOAT else 2e-2
 
 
-def round_trip(layout, shape, axis, in_type, zero, seed):
+def round_trip(layout, shape, axis, in_type, zero, seed, scale_type=T.FLOAT, precision=None):
     rng = np.random.default_rng(seed)
     scale, attrs = scale_of(layout, shape, axis, rng)
+    scale = scale.astype(NP[scale_type])
     # Values on every midpoint and tie, past 6, infinities, NaN, tiny ones, in units of the scale.
     special = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 0.26, 5.01, 7, 100, np.inf, -np.inf, np.nan, -0.0, 1e-30], np.float32)
     units = rng.uniform(-8, 8, shape).astype(np.float32)
@@ -70,13 +71,14 @@ def round_trip(layout, shape, axis, in_type, zero, seed):
     where = rng.choice(flat.size, flat.size // 2, replace=False)
     flat[where] = special[picks] * np.where(rng.random(len(picks)) < 0.5, -1, 1)
     full_scale = ReferenceEvaluator(
-        model([h.make_node("DequantizeLinear", ["q", "s"], ["y"], **attrs)], [], [h.make_tensor_value_info("y", T.FLOAT, shape)], [h.make_tensor("q", T.UINT8, shape, np.ones(shape, np.uint8).ravel().tolist()), h.make_tensor("s", T.FLOAT, scale.shape, scale.ravel().tolist())])
+        model([h.make_node("DequantizeLinear", ["q", "s"], ["y"], **attrs)], [], [h.make_tensor_value_info("y", T.FLOAT, shape)], [h.make_tensor("q", T.UINT8, shape, np.ones(shape, np.uint8).ravel().tolist()), h.make_tensor("s", T.FLOAT, scale.shape, scale.astype(np.float32).ravel().tolist())])
     ).run(None, {})[0]
     x = (flat.reshape(shape) * full_scale).astype(NP[in_type])
     zp_values = np.full(scale.shape, zero, np.float32)
-    inits = [h.make_tensor("s", T.FLOAT, scale.shape, scale.ravel().tolist()), h.make_tensor("zp", T.FLOAT4E2M1, scale.shape, zp_values.ravel().tolist())]
-    nodes = [h.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], name="q", **attrs), h.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"], name="dq", **attrs)]
-    m = model(nodes, [h.make_tensor_value_info("x", in_type, shape)], [h.make_tensor_value_info("y", T.FLOAT, shape)], inits)
+    inits = [h.make_tensor("s", scale_type, scale.shape, scale.ravel().tolist()), h.make_tensor("zp", T.FLOAT4E2M1, scale.shape, zp_values.ravel().tolist())]
+    q_attrs = dict(attrs, **({} if precision is None else {"precision": precision}))
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], name="q", **q_attrs), h.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"], name="dq", **attrs)]
+    m = model(nodes, [h.make_tensor_value_info("x", in_type, shape)], [h.make_tensor_value_info("y", scale_type, shape)], inits, opset=23 if precision is None else 25)
     return m, {"x": x}, 0.0
 
 
@@ -94,10 +96,24 @@ def main():
         [("tensor", 64, 24, T.FLOAT, 3), ("axis", 96, 40, T.FLOAT, 1), (32, 128, 48, T.FLOAT, 4), (16, 40, 8, T.FLOAT, 2), ("axis", 64, 32, T.FLOAT16, 3), (32, 64, 16, T.FLOAT16, 1)]
     ):
         cases.append((f"x @ DequantizeLinear(float4 w [{k}, {n}]), scale {layout}, {'float16' if t == T.FLOAT16 else 'float32'}", dequantize_matmul(layout, k, n, t, rows, i)))
-    for i, (layout, shape, axis, t, zero) in enumerate(
-        [("tensor", [257], 0, T.FLOAT, 0.0), ("axis", [6, 40], 0, T.FLOAT, 0.0), ("axis", [3, 5, 16], 2, T.FLOAT, 1.0), (8, [4, 30], 1, T.FLOAT, 0.0), (16, [33, 5], 0, T.FLOAT16, -0.5), ("tensor", [7, 9], 0, T.FLOAT16, 0.0)]
+    name = {T.FLOAT: "float32", T.FLOAT16: "float16"}
+    for i, (layout, shape, axis, t, zero, st, precision) in enumerate(
+        [
+            ("tensor", [257], 0, T.FLOAT, 0.0, T.FLOAT, None),
+            ("axis", [6, 40], 0, T.FLOAT, 0.0, T.FLOAT, None),
+            ("axis", [3, 5, 16], 2, T.FLOAT, 1.0, T.FLOAT, None),
+            (8, [4, 30], 1, T.FLOAT, 0.0, T.FLOAT, None),
+            (16, [33, 5], 0, T.FLOAT16, -0.5, T.FLOAT, None),
+            ("tensor", [7, 9], 0, T.FLOAT16, 0.0, T.FLOAT, None),
+            # float16 x and scale: the quotient in float16; opset 25's precision asks float32.
+            ("axis", [5, 64], 1, T.FLOAT16, 0.0, T.FLOAT16, None),
+            (16, [6, 48], 1, T.FLOAT16, 0.0, T.FLOAT16, T.FLOAT),
+            ("tensor", [300], 0, T.FLOAT, 0.0, T.FLOAT, T.FLOAT16),
+        ]
     ):
-        cases.append((f"QuantizeLinear -> float4 -> DequantizeLinear {shape}, scale {layout} (axis {axis}), zero point {zero}, {'float16' if t == T.FLOAT16 else 'float32'}", round_trip(layout, shape, axis, t, zero, 100 + i)))
+        what = f"QuantizeLinear -> float4 -> DequantizeLinear {shape}, scale {layout} (axis {axis}), zero point {zero}, {name[t]} x, {name[st]} scale"
+        what += "" if precision is None else f", precision {name[precision]}"
+        cases.append((what, round_trip(layout, shape, axis, t, zero, 100 + i, st, precision)))
     failures = 0
     for name, (m, feeds, tol) in cases:
         want = ReferenceEvaluator(m).run(None, feeds)[0]
@@ -110,7 +126,8 @@ def main():
         elif got.shape != want.shape or got.dtype != want.dtype:
             ok, why = False, f"{got.dtype}{got.shape} vs the reference's {want.dtype}{want.shape}"
         elif tol == 0.0:
-            same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+            bits = f"u{got.itemsize}"
+            same = (got.view(bits) == want.view(bits)) | (np.isnan(got) & np.isnan(want))
             ok, why = bool(same.all()), f"{int((~same).sum())} of {got.size} values differ, e.g. {got[~same][:4]} vs {want[~same][:4]}"
         else:
             ok = bool(np.allclose(got.astype(np.float32), want.astype(np.float32), rtol=tol, atol=tol))

@@ -87,7 +87,7 @@ def dropout_matches(inputs, got, want):
     output is checked to be the kept inputs times 1 / (1 - ratio) and 0 elsewhere, the mask (or,
     without one, the nonzero outputs) to keep about 1 - ratio of the elements (within five
     standard errors; all of them at ratio 0)."""
-    x, ratio = np.asarray(inputs[0]), float(np.asarray(inputs[1]))
+    x, ratio = np.asarray(feed_value(inputs[0])), float(np.asarray(feed_value(inputs[1])))
     if len(got) != len(want):
         return False
     y = np.asarray(got[0])

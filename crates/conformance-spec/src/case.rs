@@ -214,11 +214,11 @@ pub struct Case {
     /// distribution.
     #[serde(default, skip_serializing_if = "Compare::is_values")]
     pub compare: Compare,
-    /// In a [`Compare::Distribution`] case, the outputs compared value by value all the same:
-    /// identities every draw must satisfy (Dropout's output is its kept inputs, scaled), which
-    /// the graph computes from the drawn outputs.
+    /// Identities every draw must satisfy, which the graph computes from the drawn outputs
+    /// (Dropout's output is its kept inputs, scaled): boolean outputs that must be true
+    /// everywhere on both EPs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub exact: Vec<String>,
+    pub identities: Vec<String>,
 }
 
 /// How a case's outputs are compared with the CPU EP's.
@@ -273,7 +273,7 @@ impl Case {
             symbolic: None,
             reference: Vec::new(),
             compare: Compare::Values,
-            exact: Vec::new(),
+            identities: Vec::new(),
         }
     }
 
@@ -383,11 +383,18 @@ impl Case {
         self
     }
 
-    /// A graph output compared value by value in a [`Compare::Distribution`] case (see
-    /// [`Case::exact`]).
-    pub fn exact_output(mut self, name: &str, dtype: DType, shape: &[i64]) -> Case {
-        self.exact.push(name.to_owned());
-        self.outputs.push((name.to_owned(), dtype, shape.to_vec()));
+    /// An output of the node under test that is not an output of the graph (nodes appended
+    /// with [`Case::then`] read it).
+    pub fn intermediate(mut self, name: &str) -> Case {
+        self.node_mut().outputs.push(name.to_owned());
+        self
+    }
+
+    /// A boolean graph output that must be true everywhere on both EPs (see
+    /// [`Case::identities`]).
+    pub fn identity_output(mut self, name: &str, shape: &[i64]) -> Case {
+        self.identities.push(name.to_owned());
+        self.outputs.push((name.to_owned(), DType::Bool, shape.to_vec()));
         self
     }
 

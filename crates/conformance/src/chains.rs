@@ -61,7 +61,7 @@ pub fn strategy() -> BoxedStrategy<Case> {
                 symbolic: None,
                 reference: Vec::new(),
                 compare: conformance_spec::Compare::Values,
-                exact: Vec::new(),
+                identities: Vec::new(),
             }
         })
         .boxed()
@@ -112,7 +112,7 @@ pub fn dynamic_quant_matmul() -> BoxedStrategy<Case> {
                 symbolic: None,
                 reference: Vec::new(),
                 compare: conformance_spec::Compare::Values,
-                exact: Vec::new(),
+                identities: Vec::new(),
             }
         })
         .boxed()
@@ -146,7 +146,7 @@ pub fn exact_scalar_constant() -> BoxedStrategy<Case> {
                 symbolic: None,
                 reference: Vec::new(),
                 compare: conformance_spec::Compare::Values,
-                exact: Vec::new(),
+                identities: Vec::new(),
             }
         })
         .boxed()

@@ -128,19 +128,20 @@ pub fn compare(case: &Case, got: &[HostTensor], expected: &[HostTensor]) -> Outc
     if got.len() != expected.len() {
         return Outcome::Failed(format!("MLX gave {} outputs, CPU {}", got.len(), expected.len()));
     }
-    let drawn = case.compare == conformance_spec::Compare::Distribution;
-    let exact = |name: &str| case.exact.iter().any(|n| n == name);
-    if drawn {
-        let pick = |v: &[HostTensor]| v.iter().filter(|t| !exact(&t.name)).cloned().collect::<Vec<_>>();
-        let outcome = compare_distributions(&pick(got), &pick(expected));
-        if !outcome.is_pass() || !got.iter().any(|t| exact(&t.name)) {
-            return outcome;
+    // Identities hold everywhere, on both EPs.
+    let identity = |name: &str| case.identities.iter().any(|n| n == name);
+    for (ep, outputs) in [("MLX", got), ("the CPU EP", expected)] {
+        for t in outputs.iter().filter(|t| identity(&t.name)) {
+            if let Some(i) = t.values.iter().position(|&v| v == 0.0) {
+                return Outcome::Failed(format!("identity '{}' is false at element {i} on {ep}", t.name));
+            }
         }
     }
+    if case.compare == conformance_spec::Compare::Distribution {
+        let pick = |v: &[HostTensor]| v.iter().filter(|t| !identity(&t.name)).cloned().collect::<Vec<_>>();
+        return compare_distributions(&pick(got), &pick(expected));
+    }
     for (g, e) in got.iter().zip(expected) {
-        if drawn && !exact(&g.name) {
-            continue;
-        }
         if g.shape != e.shape || g.elem_type != e.elem_type {
             return Outcome::Failed(format!(
                 "output '{}' is {:?}{:?} on MLX, {:?}{:?} on CPU",
@@ -302,5 +303,27 @@ mod tests {
         };
         assert!(compare_distributions(&ints(vec![0.0, 2.0, 1.0]), &ints(vec![1.0, 0.0, 1.0])).is_pass());
         assert!(!compare_distributions(&ints(vec![0.0, -1.0, 1.0]), &ints(vec![1.0, 0.0, 1.0])).is_pass());
+    }
+
+    #[test]
+    fn identities_must_hold_everywhere_on_both_eps() {
+        let case = Case::op("Dropout", 13).output("y", DType::F32, &[3]).identity_output("ok", &[3]).distribution();
+        let outputs = |ok: [f64; 3]| {
+            let mut v = samples(vec![0.5, 0.0, 2.0]);
+            v.push(HostTensor {
+                name: "ok".into(),
+                elem_type: TensorElementType::Bool,
+                shape: vec![3],
+                values: ok.to_vec(),
+            });
+            v
+        };
+        let all = outputs([1.0; 3]);
+        assert!(compare(&case, &all, &all).is_pass());
+        // False anywhere, on either side (even where both agree), fails the case.
+        assert!(!compare(&case, &outputs([1.0, 0.0, 1.0]), &all).is_pass());
+        assert!(!compare(&case, &all, &outputs([1.0, 1.0, 0.0])).is_pass());
+        let both = outputs([0.0, 1.0, 1.0]);
+        assert!(!compare(&case, &both, &both).is_pass());
     }
 }

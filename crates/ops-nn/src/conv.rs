@@ -98,7 +98,6 @@ fn nonfinite_weights(
     Ok(ops::where_(&nan, &scalar(f64::NAN)?, &y, s)?)
 }
 
-/// `[0, 2, 3, ..., 1]`: channels-first to channels-last.
 /// Whether a grouped convolution runs as one MLX convolution with `groups`, as it does on a
 /// GPU (cuDNN takes the groups itself). On the CPU each group is convolved apart: MLX 0.32.2's
 /// grouped CPU convolution wrote past its output for kernels wider than a padded input. On
@@ -109,6 +108,7 @@ fn native_groups() -> bool {
     ep_core::mlx::default_device_is_gpu()
 }
 
+/// `[0, 2, 3, ..., 1]`: channels-first to channels-last.
 fn to_channels_last(r: usize) -> Vec<i32> {
     std::iter::once(0).chain(2..r as i32).chain(std::iter::once(1)).collect()
 }

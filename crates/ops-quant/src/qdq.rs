@@ -299,6 +299,10 @@ fn claim_quantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
         node.attr_int("saturate", 1)?;
     } else if out == Some(ElemType::FLOAT4E2M1) {
         require_input_type(node, 2, &[ElemType::FLOAT4E2M1])?;
+        let p = node.attr_int("precision", 0)?;
+        if p != 0 && !FLOAT.contains(&ElemType::from_tensor_proto(p as i32)) {
+            return Err(Decline(format!("precision {p} is not float32, float16 or bfloat16")));
+        }
     } else {
         require_input_type(node, 2, OUT)?;
         if !out.is_some_and(|t| OUT.contains(&t)) {
@@ -326,11 +330,24 @@ fn lower_quantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
         return Ok(vec![float8::encode(&ops::divide(&f32(x, s)?, &scale, s)?, format, saturate, s)?]);
     }
     if out == ElemType::FLOAT4E2M1 {
-        // As the `onnx` reference computes it: `x / scale + zero_point` in float32, rounded to
-        // the format (which saturates; `saturate` changes nothing).
-        let mut q = ops::divide(&f32(x, s)?, &scale, s)?;
+        // As the `onnx` reference computes it: `x / scale + zero_point` in the `precision`
+        // attribute's type (opset 25), else in the type of x and the scale when they share one
+        // and float32 otherwise, then rounded to the format (which saturates: `saturate`
+        // changes nothing).
+        let raw_scale = ctx.input(1)?;
+        let within = match node.attr_int("precision", 0)? {
+            0 if x.dtype() == raw_scale.dtype() => x.dtype(),
+            0 => Dtype::F32,
+            p => ElemType::from_tensor_proto(p as i32)
+                .to_mlx()
+                .filter(|d| matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16))
+                .ok_or_else(|| Error::new(format!("precision {p} is not float32, float16 or bfloat16")))?,
+        };
+        let scale = broadcast_param(&ops::astype(raw_scale, within, s)?, &shape, axis, block, s)?;
+        let mut q = ops::divide(&ops::astype(x, within, s)?, &scale, s)?;
         if let Some(z) = ctx.optional_input(2) {
-            q = ops::add(&q, &broadcast_param(&float4::decode(z, s)?, &shape, axis, block, s)?, s)?;
+            let z = ops::astype(&float4::decode(z, s)?, within, s)?;
+            q = ops::add(&q, &broadcast_param(&z, &shape, axis, block, s)?, s)?;
         }
         return Ok(vec![float4::encode(&q, s)?]);
     }
