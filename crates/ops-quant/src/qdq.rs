@@ -299,10 +299,6 @@ fn claim_quantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
         node.attr_int("saturate", 1)?;
     } else if out == Some(ElemType::FLOAT4E2M1) {
         require_input_type(node, 2, &[ElemType::FLOAT4E2M1])?;
-        let p = node.attr_int("precision", 0)?;
-        if p != 0 && !FLOAT.contains(&ElemType::from_tensor_proto(p as i32)) {
-            return Err(Decline(format!("precision {p} is not float32, float16 or bfloat16")));
-        }
     } else {
         require_input_type(node, 2, OUT)?;
         if !out.is_some_and(|t| OUT.contains(&t)) {
@@ -311,9 +307,25 @@ fn claim_quantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
             ));
         }
     }
+    let p = node.attr_int("precision", 0)?;
+    if p != 0 && !FLOAT.contains(&ElemType::from_tensor_proto(p as i32)) {
+        return Err(Decline(format!("precision {p} is not float32, float16 or bfloat16")));
+    }
     layout(node, ep_core::lowering::input_rank(node, 0).unwrap_or(1), declared_scale(node))?;
     claim_zero_point(node)?;
     Ok(())
+}
+
+/// The type opset 25's `precision` attribute asks `x / scale` to be computed in, if any.
+fn precision(node: &NodeInfo) -> Result<Option<Dtype>> {
+    match node.attr_int("precision", 0)? {
+        0 => Ok(None),
+        p => ElemType::from_tensor_proto(p as i32)
+            .to_mlx()
+            .filter(|d| matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16))
+            .map(Some)
+            .ok_or_else(|| Error::new(format!("precision {p} is not float32, float16 or bfloat16"))),
+    }
 }
 
 fn lower_quantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
@@ -335,13 +347,10 @@ fn lower_quantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
         // and float32 otherwise, then rounded to the format (which saturates: `saturate`
         // changes nothing).
         let raw_scale = ctx.input(1)?;
-        let within = match node.attr_int("precision", 0)? {
-            0 if x.dtype() == raw_scale.dtype() => x.dtype(),
-            0 => Dtype::F32,
-            p => ElemType::from_tensor_proto(p as i32)
-                .to_mlx()
-                .filter(|d| matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16))
-                .ok_or_else(|| Error::new(format!("precision {p} is not float32, float16 or bfloat16")))?,
+        let within = match precision(node)? {
+            Some(p) => p,
+            None if x.dtype() == raw_scale.dtype() => x.dtype(),
+            None => Dtype::F32,
         };
         let scale = broadcast_param(&ops::astype(raw_scale, within, s)?, &shape, axis, block, s)?;
         let mut q = ops::divide(&ops::astype(x, within, s)?, &scale, s)?;
@@ -356,6 +365,14 @@ fn lower_quantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
         Some(z) => Some(broadcast_param(&f32(z, s)?, &shape, axis, block, s)?),
         None => None,
     };
+    if let Some(p) = precision(node)?.filter(|&p| p != Dtype::F32) {
+        // `x / scale` in that type (ORT 1.31's CPU EP ignores the attribute; ONNX and its
+        // reference implementation divide in it), then rounded and saturated as below.
+        let raw = broadcast_param(&ops::astype(ctx.input(1)?, p, s)?, &shape, axis, block, s)?;
+        let q = f32(&ops::divide(&ops::astype(x, p, s)?, &raw, s)?, s)?;
+        let one = ops::scalar(1.0, Dtype::F32, s)?;
+        return Ok(vec![quantize_from(&q, &one, zp.as_ref(), t, range_of(out)?, false, s)?]);
+    }
     let half = matches!(x.dtype(), Dtype::F16 | Dtype::BF16);
     Ok(vec![quantize_from(&f32(x, s)?, &scale, zp.as_ref(), t, range_of(out)?, half, s)?])
 }
@@ -645,8 +662,47 @@ pub(crate) mod spec {
                 case.attr_int("axis", axis).output("y", t, &shape).with_seed(seed)
             })
             .boxed();
-        prop_oneof![3 => integer, 1 => float8_round_trip(false)].boxed()
+        prop_oneof![3 => integer, 1 => float8_round_trip(false), 1 => with_precision()].boxed()
     });
+
+    /// Opset 25's `precision`: `x / scale` in float16. ORT 1.31's CPU EP ignores the
+    /// attribute, so its reference graph rounds x and the scale to float16, divides in float32
+    /// and rounds the quotient to float16 (the correctly rounded float16 quotient: float32's
+    /// 24 bits make the double rounding harmless), then quantizes it with a scale of 1. (A
+    /// float16 Div there would not do: ORT computes it in float32 and drops the Casts around
+    /// it.) Per tensor, as the reference's Div broadcasts. (bfloat16 takes the same path.)
+    fn with_precision() -> BoxedStrategy<Case> {
+        (qtype(), Just(DType::F16), nonempty_shape(1..=3), any::<bool>(), seed())
+            .prop_map(|(t, p, shape, zp, seed)| {
+                // (Without a zero point the output is uint8.)
+                let t = if zp { t } else { DType::U8 };
+                let mut case = Case::op("QuantizeLinear", 25)
+                    .input_with("x", DType::F32, &shape, Values::Uniform { lo: -300.0, hi: 300.0 })
+                    .input_with("scale", DType::F32, &[], Values::Uniform { lo: 0.25, hi: 2.0 });
+                if zp {
+                    case = case.input_with("zero_point", t, &[], full_range(t));
+                }
+                let to = |d: DType| vec![("to", conformance_spec::Attr::Int(d.onnx_code()))];
+                case.attr_int("precision", p.onnx_code())
+                    .output("y", t, &shape)
+                    .reference_constant("reference_one", DType::F32, &[], Values::Data(vec![1.0]))
+                    .reference("Cast", &["x"], &["reference_xh"], to(p))
+                    .reference("Cast", &["reference_xh"], &["reference_x"], to(DType::F32))
+                    .reference("Cast", &["scale"], &["reference_sh"], to(p))
+                    .reference("Cast", &["reference_sh"], &["reference_scale"], to(DType::F32))
+                    .reference("Div", &["reference_x", "reference_scale"], &["reference_q"], vec![])
+                    .reference("Cast", &["reference_q"], &["reference_qh"], to(p))
+                    .reference("Cast", &["reference_qh"], &["reference_qf"], to(DType::F32))
+                    .reference(
+                        "QuantizeLinear",
+                        &["reference_qf", "reference_one", if zp { "zero_point" } else { "" }],
+                        &["y"],
+                        vec![],
+                    )
+                    .with_seed(seed)
+            })
+            .boxed()
+    }
 
     /// A per-tensor or per-axis layout (com.microsoft's forms have no blocks).
     fn unblocked() -> BoxedStrategy<(Vec<i64>, i64, i64, Vec<i64>)> {
