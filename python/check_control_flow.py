@@ -485,7 +485,7 @@ def test_if_with_a_data_condition_is_compiled():
 def test_random_generators_in_a_branch_draw_every_run():
     """An If whose branches draw (RandomUniform, RandomNormal): a compiled trace would replay
     the values it drew, so the partition and the branch run eagerly, and every run draws anew
-    (a `seed` draws the same values every run)."""
+    (a `seed` fixes the sequence: a second session draws the first one's values)."""
     def branch(op, seed):
         extra = {} if seed is None else {"seed": seed}
         node = helper.make_node(op, [], [op.lower()], shape=[64], name=op.lower(), **extra)
@@ -497,16 +497,22 @@ def test_random_generators_in_a_branch_draw_every_run():
                               else_branch=branch("RandomNormal", seed), name="if"),
              helper.make_node("Add", ["y", "x"], ["z"], name="add")],
             [vi("c", TensorProto.BOOL, []), vi("x", F, [64])], [vi("z", F, [64])])
-        s = mlx_session(m)
-        a = assigned(s)
-        assert a and set(a.values()) == {EP}, f"nodes left to other EPs: {a}"
         x = np.zeros(64, np.float32)
-        for c in (True, False):
-            runs = [s.run(None, {"c": np.array(c), "x": x})[0] for _ in range(3)]
-            same = [np.array_equal(runs[0], r) for r in runs[1:]]
-            assert same == [seed is not None] * 2, (c, seed, runs)
-            if c:
-                assert runs[0].min() >= 0 and runs[0].max() < 1, runs[0]
+        draws = []
+        for _ in range(2):
+            s = mlx_session(m)
+            a = assigned(s)
+            assert a and set(a.values()) == {EP}, f"nodes left to other EPs: {a}"
+            runs = []
+            for c in (True, False):
+                runs += [s.run(None, {"c": np.array(c), "x": x})[0] for _ in range(3)]
+                if c:
+                    assert runs[0].min() >= 0 and runs[0].max() < 1, runs[0]
+            for i in (0, 3):
+                assert not np.array_equal(runs[i], runs[i + 1]) and not np.array_equal(runs[i + 1], runs[i + 2]), (seed, runs)
+            draws.append(runs)
+        same = all(np.array_equal(a, b) for a, b in zip(*draws))
+        assert same == (seed is not None), (seed, draws)
     return 0
 
 
@@ -632,7 +638,7 @@ def main():
     check("If with a data condition: compiled, both branches selected on the device, a check of the branch "
           "not taken holds; branches of other shapes: eager, with the reason, the branch taken compiled apart; "
           "a Loop's body compiled once; short Loops unrolled", test_if_with_a_data_condition_is_compiled)
-    check("Random generators in an If's branches: every run draws anew (the same values with a seed)",
+    check("Random generators in an If's branches: every run draws anew (a seed fixes the sequence per session)",
           test_random_generators_in_a_branch_draw_every_run)
     failed = sum(1 for _, e in results if e is not None)
     print(f"{len(results) - failed} passed, {failed} failed")

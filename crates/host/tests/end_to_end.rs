@@ -248,9 +248,9 @@ fn a_failing_node_is_an_error_naming_it_and_the_session_survives() -> Result<()>
 }
 
 #[test]
-fn random_generators_draw_anew_each_run_unless_seeded() -> Result<()> {
+fn random_generators_draw_anew_each_run_a_seed_fixing_the_sequence() -> Result<()> {
     // A generator next to other nodes: the partition runs eagerly, so each run draws again;
-    // a seed draws the same values run after run.
+    // a seed fixes the sequence of draws: a second session draws the first one's values.
     let build = |seed: Option<f32>| {
         let x: Io = ("x", Float32, &[64]);
         let y: Io = ("y", Float32, &[64]);
@@ -271,14 +271,19 @@ fn random_generators_draw_anew_each_run_unless_seeded() -> Result<()> {
     };
     let zeros = vec![("x".to_string(), values::tensor_from_f64(Float32, &[64], &[0.0; 64])?)];
     for seed in [None, Some(7.0)] {
-        let mut mlx = build(seed)?.into_session(&session_builder(Ep::Mlx)?)?;
-        assert_on(&assignment(&mlx)?, "draw", MLX_EP);
-        let runs: Vec<Vec<f64>> =
-            (0..2).map(|_| Ok(values::run(&mut mlx, &zeros)?[0].values.clone())).collect::<Result<_>>()?;
-        for v in &runs {
-            assert!(v.iter().all(|&u| (2.0..3.0).contains(&u)), "{v:?}");
+        let mut sessions = Vec::new();
+        for _ in 0..2 {
+            let mut mlx = build(seed)?.into_session(&session_builder(Ep::Mlx)?)?;
+            assert_on(&assignment(&mlx)?, "draw", MLX_EP);
+            let runs: Vec<Vec<f64>> =
+                (0..3).map(|_| Ok(values::run(&mut mlx, &zeros)?[0].values.clone())).collect::<Result<_>>()?;
+            for v in &runs {
+                assert!(v.iter().all(|&u| (2.0..3.0).contains(&u)), "{v:?}");
+            }
+            assert!(runs[0] != runs[1] && runs[1] != runs[2], "seed {seed:?}: {runs:?}");
+            sessions.push(runs);
         }
-        assert_eq!(runs[0] == runs[1], seed.is_some(), "seed {seed:?}: {runs:?}");
+        assert_eq!(sessions[0] == sessions[1], seed.is_some(), "seed {seed:?}: {sessions:?}");
     }
     Ok(())
 }

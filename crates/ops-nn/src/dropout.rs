@@ -2,7 +2,7 @@
 //! In training mode (opset 12's `training_mode` input true) each element is kept
 //! where a uniform draw in [0, 1) is at least the ratio, and scaled by 1 / (1 - ratio), as
 //! ORT's CPU kernel draws it; the mask says which were kept. Like the random generators, a
-//! `seed` draws the same mask on every run of the session (ORT's kernel draws on from its
+//! `seed` fixes the sequence of masks a session's runs draw (ORT's kernel draws on from its
 //! seeded generator run after run), and without one every run draws anew. Drawing in training
 //! mode keeps the partition eager: a compiled trace would replay its mask. A `training_mode`
 //! that is data is assumed off in a compiled trace (a guard), and a run that turns it on is
@@ -66,7 +66,7 @@ fn lower_dropout(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> 
         }
         let key = match node.attr("seed") {
             None => None,
-            Some(_) => Some(random::key(node.attr_int("seed", 0)? as u64)?),
+            Some(_) => Some(ctx.seeded_key(node, node.attr_int("seed", 0)? as u64)?),
         };
         let (zero, one) = (ops::scalar(0.0, Dtype::F32, s)?, ops::scalar(1.0, Dtype::F32, s)?);
         let draw = random::uniform(&zero, &one, &x.shape(), Dtype::F32, key.as_ref(), s)?;

@@ -3,11 +3,12 @@
 //! per probability of the input) and Multinomial (`sample_size` class indices per row of
 //! unnormalized log probabilities), on MLX's generators.
 //!
-//! Without a `seed` every run draws new values (MLX's global key sequence); with one, the key
-//! of that seed, so every run of the session draws the same values (ORT's CPU EP seeds its
-//! generator once per session and draws on from it run after run; neither matches the other's
-//! values, which ONNX leaves to the runtime). A partition holding one of these runs eagerly: a
-//! compiled graph would replay the values of its trace.
+//! Without a `seed` every run draws new values (MLX's global key sequence); with one, each
+//! run draws with the next key of a sequence that seed fixes, so a session's runs draw
+//! different values and two sessions the same ones, as ORT's CPU EP seeds its generator once
+//! per session and draws on from it run after run (neither matches the other's values, which
+//! ONNX leaves to the runtime). A partition holding one of these runs eagerly: a compiled
+//! graph would replay the values of its trace.
 
 use ep_core::lowering::{FnLowering, require_input_type, require_inputs};
 use ep_core::mlx::{Array, Dtype, ops, random};
@@ -25,11 +26,11 @@ fn dtype_attr(node: &NodeInfo, default: Option<ElemType>) -> std::result::Result
     }
 }
 
-/// The key of the `seed` attribute (its bits), if any.
-fn seed_key(node: &NodeInfo) -> Result<Option<Array>> {
+/// This run's key of the `seed` attribute (its bits), if any (see [`LowerCtx::seeded_key`]).
+fn seed_key(ctx: &LowerCtx<'_>, node: &NodeInfo) -> Result<Option<Array>> {
     match node.attr("seed") {
         None => Ok(None),
-        Some(AttrValue::Float(v)) => Ok(Some(random::key(u64::from(v.to_bits()))?)),
+        Some(AttrValue::Float(v)) => Ok(Some(ctx.seeded_key(node, u64::from(v.to_bits()))?)),
         Some(other) => bail!("attribute 'seed' should be a float, found {other:?}"),
     }
 }
@@ -70,7 +71,7 @@ fn lower_generator(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
     } else {
         node.attr_ints("shape")?.map(<[i64]>::to_vec).ok_or_else(|| Error::new("the shape attribute is missing"))?
     };
-    let key = seed_key(node)?;
+    let key = seed_key(ctx, node)?;
     let s = ctx.stream_for(dtype);
     let attr = |name: &str, default: f32| node.attr_float(name, default);
     let y = if node.op_type.starts_with("RandomUniform") {
@@ -129,7 +130,7 @@ fn lower_bernoulli(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
         Some(_) => mlx_of(dtype_attr(node, None).map_err(Error::new)?)?,
     };
     let s = ctx.stream();
-    let key = seed_key(node)?;
+    let key = seed_key(ctx, node)?;
     let hit = random::bernoulli(&ops::astype(p, Dtype::F32, s)?, &p.shape(), key.as_ref(), s)?;
     Ok(vec![ops::astype(&hit, dtype, s)?])
 }
@@ -171,7 +172,7 @@ fn lower_multinomial(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Arra
     let dtype = mlx_of(dtype_attr(node, Some(ElemType::I32)).map_err(Error::new)?)?;
     let samples =
         i32::try_from(node.attr_int("sample_size", 1)?).map_err(|_| Error::new("sample_size is too large"))?;
-    let key = seed_key(node)?;
+    let key = seed_key(ctx, node)?;
     let drawn = random::categorical(&ops::astype(x, Dtype::F32, s)?, 1, samples, key.as_ref(), s)?;
     Ok(vec![ops::astype(&drawn, dtype, s)?])
 }

@@ -14,6 +14,8 @@ pub struct PlanCaches {
     pub derived: DerivedConstants,
     pub subgraphs: SubgraphConstants,
     pub compiled: super::branches::CompiledSubgraphs,
+    /// How many times each seeded random node has drawn (see [`Engine::next_draw`]).
+    draws: std::sync::Mutex<HashMap<String, u64>>,
 }
 
 impl PlanCaches {
@@ -22,6 +24,7 @@ impl PlanCaches {
             derived: DerivedConstants::new(stats),
             subgraphs: SubgraphConstants::default(),
             compiled: Default::default(),
+            draws: Default::default(),
         }
     }
 
@@ -121,6 +124,13 @@ impl DerivedConstants {
 }
 
 impl Engine for PlanCaches {
+    fn next_draw(&self, node: &str) -> u64 {
+        let mut draws = self.draws.lock().unwrap_or_else(|p| p.into_inner());
+        let n = draws.entry(node.to_owned()).or_insert(0);
+        *n += 1;
+        *n - 1
+    }
+
     fn derived(
         &self,
         ids: Vec<usize>,

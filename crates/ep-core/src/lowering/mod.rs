@@ -227,6 +227,10 @@ pub(crate) trait Engine {
         compute: &mut dyn FnMut() -> Result<Vec<Array>>,
     ) -> Result<Vec<Array>>;
 
+    /// How many times the random node `node` has drawn in this plan before (0 the first
+    /// time), counting this draw.
+    fn next_draw(&self, node: &str) -> u64;
+
     /// Evaluates `graph` on `inputs` (bound to its formal inputs in order) with the engine's
     /// translator; names it does not define resolve in `scope`. Data checks its nodes declare
     /// go to `checks`, guards to `guards`.
@@ -526,6 +530,22 @@ impl<'a> LowerCtx<'a> {
     /// The stream for work on `dtype`: the CPU stream for float64, else [`Self::stream`].
     pub fn stream_for(&self, dtype: crate::mlx::Dtype) -> &'a Stream {
         if dtype == crate::mlx::Dtype::F64 { self.cpu } else { self.stream }
+    }
+
+    /// The key a random node with a `seed` draws with on this run: the seed's own key on its
+    /// first draw in the session, then a new key per draw, a sequence fixed by the seed (ORT's
+    /// CPU EP seeds a node's generator once and draws on from it run after run). Outside a
+    /// partition (no engine), the seed's own key.
+    pub fn seeded_key(&self, node: &NodeInfo, seed: u64) -> Result<Array> {
+        let n = self.engine.map_or(0, |e| e.next_draw(&node.name));
+        // SplitMix64's finalizer spreads (seed, draw) over the key space.
+        let mut z = seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        if n > 0 {
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+        }
+        Ok(crate::mlx::random::key(z)?)
     }
 
     /// `transform(input i)`. When input `i` is a constant, the result is computed and
