@@ -98,14 +98,24 @@ fn nonfinite_weights(
     Ok(ops::where_(&nan, &scalar(f64::NAN)?, &y, s)?)
 }
 
-/// Whether a grouped convolution runs as one MLX convolution with `groups`, as it does on a
-/// GPU (cuDNN takes the groups itself). On the CPU each group is convolved apart: MLX 0.32.2's
-/// grouped CPU convolution wrote past its output for kernels wider than a padded input. On
-/// CUDA, per-group weights would be views at offsets into one buffer, and cuDNN refused a
-/// float16 one as misaligned (`CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER`, grouped
-/// ConvTranspose on an H100).
-fn native_groups() -> bool {
-    ep_core::mlx::default_device_is_gpu()
+/// `a` cut into `groups` equal parts along `axis`, each convolved apart (MLX 0.32.2's grouped
+/// convolution is not used: on the CPU it wrote past its output for kernels wider than a
+/// padded input; on CUDA it refuses three spatial axes and, for ConvTranspose, answered -inf
+/// where ORT answers -0.23, checked on an H100). In the GPU's forms each part is gathered
+/// into a buffer of its own: a slice is a view at an offset into one buffer, which cuDNN
+/// refused for a float16 weight as misaligned (`CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER`).
+fn group_parts(a: &Array, groups: i64, axis: i32, s: &ep_core::mlx::Stream) -> Result<Vec<Array>> {
+    let per = a.shape()[axis as usize] / groups;
+    (0..groups)
+        .map(|g| {
+            Ok(if ep_core::mlx::gpu_forms() {
+                let at = ops::arange((g * per) as f64, ((g + 1) * per) as f64, 1.0, Dtype::I32, s)?;
+                ops::take(a, &at, axis, s)?
+            } else {
+                ops::take_range(a, g * per, per, axis, s)?
+            })
+        })
+        .collect()
 }
 
 /// `[0, 2, 3, ..., 1]`: channels-first to channels-last.
@@ -170,7 +180,15 @@ fn convolve(
         }
         let kern = ops::reshape(w, &wshape, s)?;
         let axes: Vec<i32> = (0..k as i32).map(|i| 3 + 2 * i).collect();
+        // Half types multiply and sum in float32, as ORT's CPU EP and MLX's convolutions do.
+        let half = matches!(x.dtype(), Dtype::F16 | Dtype::BF16);
+        let (windowed, kern) = if half {
+            (ops::astype(&windowed, Dtype::F32, s)?, ops::astype(&kern, Dtype::F32, s)?)
+        } else {
+            (windowed, kern)
+        };
         let y = ops::sum_axes(&ops::multiply(&windowed, &kern, s)?, &axes, false, s)?;
+        let y = if half { ops::astype(&y, x.dtype(), s)? } else { y };
         return Ok(match bias {
             Some(b) => add_bias(&y, b, s)?,
             None => y,
@@ -180,24 +198,17 @@ fn convolve(
     let weight = weight_last()?;
     let input = ops::transpose_axes(x, &perm, s)?;
     let ones = vec![1; r - 2];
-    let conv = |x: &Array, k: &Array, groups: i64| {
-        ops::conv_general(x, k, &win.strides, &win.pad_lo, &win.pad_hi, &win.dilations, &ones, groups, false, s)
+    let conv = |x: &Array, k: &Array| {
+        ops::conv_general(x, k, &win.strides, &win.pad_lo, &win.pad_hi, &win.dilations, &ones, 1, false, s)
     };
-    let y = if groups > 1 && native_groups() {
-        conv(&input, &weight, groups)?
-    } else if groups > 1 {
-        // One convolution per group, concatenated along the channels (MLX 0.32.2's grouped CPU
-        // convolution is not used: see above).
-        let cut = |a: &Array, per: i64, axis: i32| -> Result<Vec<Array>> {
-            let bounds: Vec<i64> = (1..groups).map(|i| i * per).collect();
-            Ok(ops::split_at(a, &bounds, axis, s)?)
-        };
-        let parts = cut(&input, cpg, r as i32 - 1)?;
-        let kernels = cut(&weight, mpg, 0)?;
-        let ys = parts.iter().zip(&kernels).map(|(x, k)| conv(x, k, 1)).collect::<std::result::Result<Vec<_>, _>>()?;
+    let y = if groups > 1 {
+        // One convolution per group, concatenated along the channels.
+        let parts = group_parts(&input, groups, r as i32 - 1, s)?;
+        let kernels = group_parts(&weight, groups, 0, s)?;
+        let ys = parts.iter().zip(&kernels).map(|(x, k)| conv(x, k)).collect::<std::result::Result<Vec<_>, _>>()?;
         ops::concatenate(&ys, r as i32 - 1, s)?
     } else {
-        conv(&input, &weight, 1)?
+        conv(&input, &weight)?
     };
     finish(&y, r, bias, s)
 }
@@ -405,22 +416,18 @@ fn transpose_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo, pads: Option<Vec<i64>
     let pad_lo: Vec<i64> = (0..k).map(|i| (kernel[i] - 1) * dilations[i]).collect();
     let pad_hi: Vec<i64> = (0..k).map(|i| (kernel[i] - 1) * dilations[i] + out_pad[i]).collect();
     let ones = vec![1; k];
-    let deconv = |x: &Array, w: &Array, groups: i64| {
-        ops::conv_general(x, w, &ones, &pad_lo, &pad_hi, &dilations, &strides, groups, true, s)
-    };
+    let deconv =
+        |x: &Array, w: &Array| ops::conv_general(x, w, &ones, &pad_lo, &pad_hi, &dilations, &strides, 1, true, s);
     let conv = |input: &Array, weight: &Array| -> Result<Array> {
-        Ok(if groups > 1 && native_groups() {
-            deconv(input, weight, groups)?
-        } else if groups > 1 {
-            // Per group (MLX 0.32.2's grouped CPU convolution is not used).
-            let (cg, mg) = (xs[1] / groups, ws[1]);
-            let xparts = ops::split_at(input, &(1..groups).map(|i| i * cg).collect::<Vec<_>>(), r as i32 - 1, s)?;
-            let wparts = ops::split_at(weight, &(1..groups).map(|i| i * mg).collect::<Vec<_>>(), 0, s)?;
+        Ok(if groups > 1 {
+            // Per group (see `group_parts`).
+            let xparts = group_parts(input, groups, r as i32 - 1, s)?;
+            let wparts = group_parts(weight, groups, 0, s)?;
             let ys =
-                xparts.iter().zip(&wparts).map(|(x, w)| deconv(x, w, 1)).collect::<std::result::Result<Vec<_>, _>>()?;
+                xparts.iter().zip(&wparts).map(|(x, w)| deconv(x, w)).collect::<std::result::Result<Vec<_>, _>>()?;
             ops::concatenate(&ys, r as i32 - 1, s)?
         } else {
-            deconv(input, weight, 1)?
+            deconv(input, weight)?
         })
     };
     // MLX convolves over the zeros it inserts between and around the inputs, where ORT's CPU EP
