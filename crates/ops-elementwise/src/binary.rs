@@ -163,7 +163,15 @@ fn modulo(a: &Array, b: &Array, node: &NodeInfo, s: &Stream) -> Result<Array> {
         &ops::not_equal(&ops::less(&r, &zero, s)?, &ops::less(a, &zero, s)?, s)?,
         s,
     )?;
-    Ok(ops::where_(&differ, &ops::subtract(&r, b, s)?, &r, s)?)
+    let y = ops::where_(&differ, &ops::subtract(&r, b, s)?, &r, s)?;
+    if !a.dtype().is_float() {
+        return Ok(y);
+    }
+    // C fmod of a finite dividend by an infinite divisor is the dividend (the floor remainder
+    // multiplies the infinity by 0 or -1 on the way).
+    let finite_a = ops::logical_not(&ops::logical_or(&ops::isinf(a, s)?, &ops::isnan(a, s)?, s)?, s)?;
+    let keep = ops::logical_and(&ops::isinf(b, s)?, &finite_a, s)?;
+    Ok(ops::where_(&keep, a, &y, s)?)
 }
 
 macro_rules! simple {

@@ -111,6 +111,11 @@ pub(crate) fn apply(x: &Array, axis: usize, t: &Transform, ctx: &LowerCtx<'_>) -
 fn two_passes(x: &Array, t: &Transform, s: &ep_core::mlx::Stream) -> Result<Array> {
     let shape = x.shape();
     let r = shape.len();
+    // The passes hold a few arrays of the zero-padded complex signal alive at once (padded,
+    // each pass's product, the twiddled and transposed ones): four of them must fit where
+    // the process may still allocate (MLX does not survive a failed allocation).
+    let rows: i64 = shape[..r - 2].iter().product();
+    ep_core::lowering::check_shape(&[4, rows, t.n as i64, 2], x.dtype())?;
     let last = r as i32 - 1;
     let zero = ops::scalar(0.0, x.dtype(), s)?;
     let complex = if t.components == 1 {
