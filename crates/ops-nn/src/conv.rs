@@ -104,7 +104,11 @@ fn nonfinite_weights(
 /// where ORT answers -0.23, checked on an H100). In the GPU's forms each part is gathered
 /// into a buffer of its own: a slice is a view at an offset into one buffer, which cuDNN
 /// refused for a float16 weight as misaligned (`CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER`).
+/// One group is `a` itself. A constant weight's parts are derived once (see `lower_conv`).
 fn group_parts(a: &Array, groups: i64, axis: i32, s: &ep_core::mlx::Stream) -> Result<Vec<Array>> {
+    if groups == 1 {
+        return Ok(vec![a.clone()]);
+    }
     let per = a.shape()[axis as usize] / groups;
     (0..groups)
         .map(|g| {
@@ -118,27 +122,43 @@ fn group_parts(a: &Array, groups: i64, axis: i32, s: &ep_core::mlx::Stream) -> R
         .collect()
 }
 
+/// `conv` of each group's part of `input` (channels-last) by its weight part, concatenated
+/// along the channels.
+fn per_group(
+    input: &Array,
+    weights: &[Array],
+    conv: &dyn Fn(&Array, &Array) -> std::result::Result<Array, ep_core::mlx::MlxError>,
+    s: &ep_core::mlx::Stream,
+) -> Result<Array> {
+    let axis = input.ndim() as i32 - 1;
+    let parts = group_parts(input, weights.len() as i64, axis, s)?;
+    let mut ys = parts.iter().zip(weights).map(|(x, w)| conv(x, w)).collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(if ys.len() == 1 { ys.remove(0) } else { ops::concatenate(&ys, axis, s)? })
+}
+
 /// `[0, 2, 3, ..., 1]`: channels-first to channels-last.
 fn to_channels_last(r: usize) -> Vec<i32> {
     std::iter::once(0).chain(2..r as i32).chain(std::iter::once(1)).collect()
 }
 
 pub(crate) fn lower_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
-    let last = || {
-        ctx.derived(1, "conv-weight-channels-last", |w, s| Ok(ops::transpose_axes(w, &to_channels_last(w.ndim()), s)?))
+    let last = |groups: i64| {
+        ctx.derived_many(&[1], &format!("conv-weight-channels-last/{groups}"), |w, s| {
+            group_parts(&ops::transpose_axes(w[0], &to_channels_last(w[0].ndim()), s)?, groups, 0, s)
+        })
     };
     let (x, w, bias) = (ctx.input(0)?, ctx.input(1)?, ctx.optional_input(2));
     Ok(vec![convolve(node, x, w, &last, bias, ctx.stream())?])
 }
 
 /// The convolution of `x` (channels first) by `w` (`[M, C / group, *kernel]`), `weight_last`
-/// giving the same weight channels-last (`[M, *kernel, C / group]`, MLX's layout), plus the
-/// bias; channels first out.
+/// giving the same weight channels-last (`[M, *kernel, C / group]`, MLX's layout) cut into
+/// the given number of groups, plus the bias; channels first out.
 fn convolve(
     node: &NodeInfo,
     x: &Array,
     w: &Array,
-    weight_last: &dyn Fn() -> Result<Array>,
+    weight_last: &dyn Fn(i64) -> Result<Vec<Array>>,
     bias: Option<&Array>,
     s: &ep_core::mlx::Stream,
 ) -> Result<Array> {
@@ -194,22 +214,12 @@ fn convolve(
             None => y,
         });
     }
-    let perm = to_channels_last(r);
-    let weight = weight_last()?;
-    let input = ops::transpose_axes(x, &perm, s)?;
+    let input = ops::transpose_axes(x, &to_channels_last(r), s)?;
     let ones = vec![1; r - 2];
     let conv = |x: &Array, k: &Array| {
         ops::conv_general(x, k, &win.strides, &win.pad_lo, &win.pad_hi, &win.dilations, &ones, 1, false, s)
     };
-    let y = if groups > 1 {
-        // One convolution per group, concatenated along the channels.
-        let parts = group_parts(&input, groups, r as i32 - 1, s)?;
-        let kernels = group_parts(&weight, groups, 0, s)?;
-        let ys = parts.iter().zip(&kernels).map(|(x, k)| conv(x, k)).collect::<std::result::Result<Vec<_>, _>>()?;
-        ops::concatenate(&ys, r as i32 - 1, s)?
-    } else {
-        conv(&input, &weight)?
-    };
+    let y = per_group(&input, &weight_last(groups)?, &conv, s)?;
     finish(&y, r, bias, s)
 }
 
@@ -235,7 +245,7 @@ fn lower_nhwc_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>
         bail!("input {:?} and weight {:?} differ in rank", x.shape(), w.shape());
     }
     let first: Vec<i32> = [0, r - 1].into_iter().chain(1..r - 1).collect();
-    let last = || Ok(w.clone());
+    let last = |groups: i64| group_parts(w, groups, 0, s);
     let y = convolve(
         node,
         &ops::transpose_axes(x, &first, s)?,
@@ -395,7 +405,7 @@ fn transpose_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo, pads: Option<Vec<i64>
         }]);
     }
     // [C, M/g, *k] to [M, *k, C/g].
-    let weight = ctx.derived(1, "conv-transpose-weight", |w, s| {
+    let merged = |w: &Array, s: &ep_core::mlx::Stream| -> Result<Array> {
         let sh = w.shape();
         let (c, mg) = (sh[0], sh[1]);
         let cg = c / groups;
@@ -411,25 +421,13 @@ fn transpose_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo, pads: Option<Vec<i64>
         merged.extend(&sh[2..]);
         merged.push(cg);
         Ok(ops::reshape(&t, &merged, s)?)
-    })?;
+    };
     let input = ops::transpose_axes(x, &to_channels_last(r), s)?;
     let pad_lo: Vec<i64> = (0..k).map(|i| (kernel[i] - 1) * dilations[i]).collect();
     let pad_hi: Vec<i64> = (0..k).map(|i| (kernel[i] - 1) * dilations[i] + out_pad[i]).collect();
     let ones = vec![1; k];
     let deconv =
         |x: &Array, w: &Array| ops::conv_general(x, w, &ones, &pad_lo, &pad_hi, &dilations, &strides, 1, true, s);
-    let conv = |input: &Array, weight: &Array| -> Result<Array> {
-        Ok(if groups > 1 {
-            // Per group (see `group_parts`).
-            let xparts = group_parts(input, groups, r as i32 - 1, s)?;
-            let wparts = group_parts(weight, groups, 0, s)?;
-            let ys =
-                xparts.iter().zip(&wparts).map(|(x, w)| deconv(x, w)).collect::<std::result::Result<Vec<_>, _>>()?;
-            ops::concatenate(&ys, r as i32 - 1, s)?
-        } else {
-            deconv(input, weight)?
-        })
-    };
     // MLX convolves over the zeros it inserts between and around the inputs, where ORT's CPU EP
     // only adds each input's products into the outputs it reaches: the same sums while the
     // weight is finite, but a NaN or infinite weight times an inserted zero would be NaN. A
@@ -441,7 +439,16 @@ fn transpose_conv(ctx: &mut LowerCtx<'_>, node: &NodeInfo, pads: Option<Vec<i64>
         })?;
         flag.host_bytes().is_some_and(|b| b == [1])
     };
-    let y = if finite { conv(&input, &weight)? } else { nonfinite_weights(&input, &weight, &conv, s)? };
+    let y = if finite {
+        let weights = ctx.derived_many(&[1], &format!("conv-transpose-weight/{groups}"), |w, s| {
+            group_parts(&merged(w[0], s)?, groups, 0, s)
+        })?;
+        per_group(&input, &weights, &deconv, s)?
+    } else {
+        let weight = merged(ctx.input(1)?, s)?;
+        let conv = |x: &Array, w: &Array| per_group(x, &group_parts(w, groups, 0, s)?, &deconv, s);
+        nonfinite_weights(&input, &weight, &conv, s)?
+    };
     // Crop the pads: [lo, full - hi) on every spatial axis (channels-last); negative pads add
     // zeros (outputs no input reaches).
     let ys = y.shape();

@@ -307,10 +307,7 @@ fn claim_quantize(node: &NodeInfo) -> std::result::Result<(), Decline> {
             ));
         }
     }
-    let p = node.attr_int("precision", 0)?;
-    if p != 0 && !FLOAT.contains(&ElemType::from_tensor_proto(p as i32)) {
-        return Err(Decline(format!("precision {p} is not float32, float16 or bfloat16")));
-    }
+    precision(node).map_err(|e| Decline(e.to_string()))?;
     layout(node, ep_core::lowering::input_rank(node, 0).unwrap_or(1), declared_scale(node))?;
     claim_zero_point(node)?;
     Ok(())
@@ -326,6 +323,12 @@ fn precision(node: &NodeInfo) -> Result<Option<Dtype>> {
             .map(Some)
             .ok_or_else(|| Error::new(format!("precision {p} is not float32, float16 or bfloat16"))),
     }
+}
+
+/// `x / scale` computed in `dtype`, the scale laid out along `axis` (in blocks of `block`).
+fn quotient(x: &Array, scale: &Array, dtype: Dtype, (axis, block): (usize, i64), s: &Stream) -> Result<Array> {
+    let scale = broadcast_param(&ops::astype(scale, dtype, s)?, &x.shape(), axis, block, s)?;
+    Ok(ops::divide(&ops::astype(x, dtype, s)?, &scale, s)?)
 }
 
 fn lower_quantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>> {
@@ -352,8 +355,7 @@ fn lower_quantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
             None if x.dtype() == raw_scale.dtype() => x.dtype(),
             None => Dtype::F32,
         };
-        let scale = broadcast_param(&ops::astype(raw_scale, within, s)?, &shape, axis, block, s)?;
-        let mut q = ops::divide(&ops::astype(x, within, s)?, &scale, s)?;
+        let mut q = quotient(x, raw_scale, within, (axis, block), s)?;
         if let Some(z) = ctx.optional_input(2) {
             let z = ops::astype(&float4::decode(z, s)?, within, s)?;
             q = ops::add(&q, &broadcast_param(&z, &shape, axis, block, s)?, s)?;
@@ -368,8 +370,7 @@ fn lower_quantize(ctx: &mut LowerCtx<'_>, node: &NodeInfo) -> Result<Vec<Array>>
     if let Some(p) = precision(node)?.filter(|&p| p != Dtype::F32) {
         // `x / scale` in that type (ORT 1.31's CPU EP ignores the attribute; ONNX and its
         // reference implementation divide in it), then rounded and saturated as below.
-        let raw = broadcast_param(&ops::astype(ctx.input(1)?, p, s)?, &shape, axis, block, s)?;
-        let q = f32(&ops::divide(&ops::astype(x, p, s)?, &raw, s)?, s)?;
+        let q = f32(&quotient(x, ctx.input(1)?, p, (axis, block), s)?, s)?;
         let one = ops::scalar(1.0, Dtype::F32, s)?;
         return Ok(vec![quantize_from(&q, &one, zp.as_ref(), t, range_of(out)?, false, s)?]);
     }
